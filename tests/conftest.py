@@ -1,0 +1,59 @@
+"""Shared helpers: run a function in several real gloo ranks, run the course's commands."""
+import os
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, fn, world_size, port, result_dir, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=60))
+    try:
+        torch.save(fn(rank, world_size, *args), Path(result_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_in_ranks(fn, world_size, tmp_path, *args):
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes joined in a
+    gloo process group; return each rank's result. ``fn`` must live at module level.
+
+    Processes are spawned, not forked: forking a parent whose OpenMP pool is running can
+    deadlock the child.
+    """
+    mp.start_processes(_rank_main, args=(fn, world_size, free_port(), str(tmp_path), args),
+                       nprocs=world_size, start_method="spawn", join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def run_course_command(args, timeout=600, env=None, cwd=REPO):
+    """Run a course command (``python -m ...`` or ``torchrun ...``) from the virtual env."""
+    bin_dir = Path(sys.executable).parent
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    command = [str(bin_dir / args[0]), *args[1:]] if args[0] == "torchrun" else [
+        sys.executable, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=cwd)
+
+
+@pytest.fixture
+def digits():
+    from workshop_lib import data
+
+    return data.load("digits")

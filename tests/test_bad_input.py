@@ -1,0 +1,78 @@
+"""Bad input gives one clear line on stderr and a non-zero exit, never a traceback."""
+import pytest
+
+from conftest import run_course_command
+from workshop_lib import train, train_ddp
+
+TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+def run_main(main, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--dataset", "cifar-100"], "invalid choice: 'cifar-100'"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["--batch-size", "-8"], "--batch-size must be a positive integer"),
+    (["--lr", "-0.1"], "--lr must be positive"),
+    (["--epochs", "3", "--warmup-epochs", "5"], "--warmup-epochs must be >= 0 and shorter"),
+    (["--model", "resnet-9000"], "unknown model 'resnet-9000'; choose one of: cnn"),
+    (["--target-accuracy", "95"], "--target-accuracy is a fraction"),
+    (["--epochs", "many"], "invalid int value: 'many'"),
+])
+def test_bad_flags(argv, expected, capsys, tmp_path):
+    line = run_main(train.main, argv + ["--out", str(tmp_path)], capsys)
+    assert expected in line
+
+
+def test_missing_dataset_says_how_to_get_it(capsys, tmp_path):
+    line = run_main(train.main, ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path),
+                                 "--out", str(tmp_path / "out")], capsys)
+    assert "python -m workshop_lib.data download fashion-mnist" in line
+
+
+def test_unwritable_output_folder(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = run_main(train.main, ["--out", str(blocker / "run")], capsys)
+    assert "cannot write to output folder" in line and "--out" in line
+
+
+def test_more_processes_than_gpus(capsys, monkeypatch, tmp_path):
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    line = run_main(train_ddp.main, ["--out", str(tmp_path)], capsys)
+    assert "2 process(es) on this machine but 1 GPU(s) visible" in line
+    assert "--nproc-per-node=1" in line
+
+
+def test_gpu_requested_where_there_is_none(capsys, monkeypatch, tmp_path):
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    line = run_main(train_ddp.main, ["--device", "cuda", "--out", str(tmp_path)], capsys)
+    assert "no GPU is visible" in line and "--device cpu" in line
+
+
+def test_ddp_script_outside_torchrun_says_how_to_launch(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("RANK", raising=False)
+    line = run_main(train_ddp.main, ["--out", str(tmp_path)], capsys)
+    assert "torchrun --standalone --nproc-per-node=2 -m workshop_lib.train_ddp" in line
+
+
+def test_command_line_error_is_one_line_from_a_real_process(tmp_path):
+    result = run_course_command(["-m", "workshop_lib.train", "--batch-size", "0",
+                                 "--out", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --batch-size must be a positive integer, got 0"

@@ -1,0 +1,93 @@
+"""The flags both training scripts share, with their checks.
+
+``--batch-size`` is per process. The global batch, which sets the dynamics of SGD, is
+``batch_size * world_size``; the scripts print and log it.
+"""
+import argparse
+from pathlib import Path
+
+from workshop_lib import data, hardware, scaling
+from workshop_lib.errors import CourseError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag prints one line (no usage block) and exits with code 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def add_common_args(parser, default_out):
+    add = parser.add_argument
+    add("--dataset", default="auto", choices=data.DATASET_CHOICES,
+        help="auto: fashion-mnist if downloaded, else digits (default: %(default)s)")
+    add("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR,
+        help="folder holding downloaded datasets (default: %(default)s)")
+    add("--model", default="cnn", help="cnn, wrn-16-4 or wrn-16-10 (default: %(default)s)")
+    add("--epochs", type=int, default=10, help="default: %(default)s")
+    add("--batch-size", type=int, default=64,
+        help="samples per step per process (default: %(default)s)")
+    add("--lr", type=float, default=0.05,
+        help="learning rate at the reference batch --lr-ref-batch (default: %(default)s)")
+    add("--lr-scaling", default="none", choices=scaling.SCALING_RULES,
+        help="how the learning rate follows the global batch (default: %(default)s)")
+    add("--lr-ref-batch", type=int, default=64,
+        help="global batch size at which --lr was tuned (default: %(default)s)")
+    add("--warmup-epochs", type=float, default=0.0,
+        help="epochs of linear learning-rate warmup (default: %(default)s)")
+    add("--momentum", type=float, default=0.9, help="SGD momentum (default: %(default)s)")
+    add("--weight-decay", type=float, default=5e-4, help="default: %(default)s")
+    add("--seed", type=int, default=0, help="default: %(default)s")
+    add("--target-accuracy", type=float, default=None,
+        help="stop once validation accuracy reaches this for --patience epochs in a row")
+    add("--patience", type=int, default=1, help="default: %(default)s")
+    add("--device", default="auto", choices=hardware.DEVICE_CHOICES,
+        help="auto: a GPU if there is one, else the CPU (default: %(default)s)")
+    add("--out", type=Path, default=Path(default_out),
+        help="folder for run.jsonl and checkpoint.pt (default: %(default)s)")
+    add("--progress", action=argparse.BooleanOptionalAction, default=True,
+        help="show a progress bar per epoch (default: on)")
+    return parser
+
+
+def check_args(args):
+    """Reject values that would crash later or train nonsense, with the fix in the message."""
+    from workshop_lib import models
+
+    positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
+                "--lr-ref-batch": args.lr_ref_batch, "--patience": args.patience}
+    for flag, value in positive.items():
+        if value < 1:
+            raise CourseError(f"{flag} must be a positive integer, got {value}")
+    if not args.lr > 0:
+        raise CourseError(f"--lr must be positive, got {args.lr}")
+    if not 0 <= args.momentum < 1:
+        raise CourseError(f"--momentum must be in [0, 1), got {args.momentum}")
+    if args.weight_decay < 0:
+        raise CourseError(f"--weight-decay must be >= 0, got {args.weight_decay}")
+    if not 0 <= args.warmup_epochs < args.epochs:
+        raise CourseError(
+            f"--warmup-epochs must be >= 0 and shorter than training (--epochs {args.epochs}), "
+            f"got {args.warmup_epochs}"
+        )
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        raise CourseError(
+            f"--target-accuracy is a fraction in (0, 1], got {args.target_accuracy}")
+    if args.model not in models.MODELS:
+        raise CourseError(
+            f"unknown model {args.model!r}; choose one of: {', '.join(models.MODELS)}")
+
+
+def prepare_out_dir(out):
+    """Create the output folder and prove it is writable, before any training time is spent."""
+    probe = Path(out) / ".write-test"
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise CourseError(
+            f"cannot write to output folder {out} ({error.strerror or error}); "
+            f"pass --out with a folder you can write to"
+        ) from None
+    return Path(out)

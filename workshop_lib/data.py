@@ -1,0 +1,245 @@
+"""Datasets, samplers and loaders for the course.
+
+Every dataset comes as two ``TensorDataset`` s (train, validation) of normalised
+``float32`` images ``(N, C, H, W)`` and ``int64`` labels, small enough to sit whole in
+host or device memory:
+
+- ``fashion-mnist``: the workshop dataset (60,000 + 10,000 images, 28x28), read by
+  torchvision's own ``FashionMNIST`` class from a local data folder. Fetch it once with
+  ``python -m workshop_lib.data download fashion-mnist`` on a machine with internet.
+- ``digits``: scikit-learn's 1,797 real handwritten digits (8x8), bundled inside the
+  scikit-learn wheel, so it needs no network. Small enough that a CPU trains a CNN on it
+  in seconds, and it still shows the large-batch effects of notebook 03.
+- ``auto``: ``fashion-mnist`` when its files are present, otherwise ``digits``.
+
+    python -m workshop_lib.data list
+    python -m workshop_lib.data download fashion-mnist [--data-dir DIR]
+"""
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Sampler, TensorDataset
+
+from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+
+DEFAULT_DATA_DIR = Path(
+    os.environ.get("WORKSHOP_DATA_DIR", Path(__file__).resolve().parent.parent / "data")
+)
+
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    in_channels: int
+    image_size: int
+    num_classes: int
+    description: str
+
+
+DATASETS = {
+    "fashion-mnist": DatasetInfo(
+        "fashion-mnist", 1, 28, 10,
+        "Fashion-MNIST, 60,000 train / 10,000 validation 28x28 images (torchvision)",
+    ),
+    "digits": DatasetInfo(
+        "digits", 1, 8, 10,
+        "scikit-learn handwritten digits, 1,438 train / 359 validation 8x8 images (offline)",
+    ),
+}
+DATASET_CHOICES = ("auto", *DATASETS)
+
+
+def fashion_mnist_raw_dir(data_dir=DEFAULT_DATA_DIR):
+    """Where torchvision's FashionMNIST class looks for the four IDX files."""
+    return Path(data_dir) / "FashionMNIST" / "raw"
+
+
+def is_available(name, data_dir=DEFAULT_DATA_DIR):
+    if name == "fashion-mnist":
+        raw = fashion_mnist_raw_dir(data_dir)
+        return all((raw / f).is_file() for f in FASHION_MNIST_FILES)
+    return name in DATASETS
+
+
+def resolve_name(name, data_dir=DEFAULT_DATA_DIR):
+    """Turn ``auto`` into a concrete dataset name; reject unknown names with the choices."""
+    if name == "auto":
+        return "fashion-mnist" if is_available("fashion-mnist", data_dir) else "digits"
+    if name not in DATASETS:
+        raise CourseError(
+            f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_CHOICES)}"
+        )
+    return name
+
+
+def auto_choice_message(data_dir=DEFAULT_DATA_DIR):
+    """One sentence saying what ``auto`` picks here and how to get the other dataset."""
+    if is_available("fashion-mnist", data_dir):
+        return f"dataset auto -> fashion-mnist (found in {fashion_mnist_raw_dir(data_dir)})"
+    return (
+        f"dataset auto -> digits (offline); for the workshop dataset run "
+        f"`python -m workshop_lib.data download fashion-mnist --data-dir {data_dir}`"
+    )
+
+
+def load(name="auto", data_dir=DEFAULT_DATA_DIR):
+    """Return ``(train_set, val_set, info)`` for a dataset name (or ``auto``)."""
+    name = resolve_name(name, data_dir)
+    if name == "fashion-mnist":
+        train_set, val_set = _load_fashion_mnist(Path(data_dir))
+    else:
+        train_set, val_set = _load_digits()
+    return train_set, val_set, DATASETS[name]
+
+
+def _standardise(train_x, val_x):
+    """Scale both splits with the training split's mean and std (no peeking at validation)."""
+    mean, std = train_x.mean(), train_x.std()
+    return (train_x - mean) / std, (val_x - mean) / std
+
+
+def _load_fashion_mnist(data_dir):
+    raw = fashion_mnist_raw_dir(data_dir)
+    missing = [f for f in FASHION_MNIST_FILES if not (raw / f).is_file()]
+    if missing:
+        raise CourseError(
+            f"Fashion-MNIST is not in {raw} (missing {', '.join(missing)}); run "
+            f"`python -m workshop_lib.data download fashion-mnist --data-dir {data_dir}` "
+            f"on a machine with internet, or use --dataset digits"
+        )
+    from torchvision.datasets import FashionMNIST
+
+    try:
+        train = FashionMNIST(str(data_dir), train=True, download=False)
+        val = FashionMNIST(str(data_dir), train=False, download=False)
+    except Exception as error:  # torchvision raises assorted errors on truncated IDX files
+        raise CourseError(
+            f"Fashion-MNIST files in {raw} are unreadable ({type(error).__name__}: {error}); "
+            f"delete that folder and run `python -m workshop_lib.data download fashion-mnist`"
+        ) from None
+    train_x, val_x = _standardise(
+        train.data.unsqueeze(1).float() / 255, val.data.unsqueeze(1).float() / 255
+    )
+    return TensorDataset(train_x, train.targets.long()), TensorDataset(val_x, val.targets.long())
+
+
+def _load_digits(val_fraction=0.2, split_seed=0):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    # A fixed split, the same on every rank and in every run.
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
+    n_val = int(len(y) * val_fraction)
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    train_x, val_x = _standardise(x[train_idx], x[val_idx])
+    return TensorDataset(train_x, y[train_idx]), TensorDataset(val_x, y[val_idx])
+
+
+class ShardSampler(Sampler):
+    """Rank ``rank``'s share of a dataset for evaluation: every ``world_size``-th index.
+
+    Unlike ``DistributedSampler`` it never pads: the shards are disjoint and together hold
+    each sample exactly once, so sums of per-rank counts are exact global metrics even when
+    the dataset size is not a multiple of the world size.
+    """
+
+    def __init__(self, dataset, rank, world_size):
+        self.indices = range(rank, len(dataset), world_size)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class TensorLoader:
+    """Mini-batches sliced from tensors that sit on the training device.
+
+    Used like ``DataLoader(dataset, batch_size, sampler=...)`` and driven by the same
+    samplers (``RandomSampler``, ``DistributedSampler``, ...), but with no worker
+    processes and no per-sample collate: the whole dataset is copied to ``device`` once,
+    and each batch is one indexing operation. This is the path airbench takes for small
+    datasets; ``python -m workshop_lib.bench`` measures it against a ``DataLoader``.
+    """
+
+    def __init__(self, dataset, batch_size, sampler, device, drop_last=False):
+        if batch_size < 1:
+            raise CourseError(f"batch size must be at least 1, got {batch_size}")
+        self.x, self.y = (t.to(device) for t in dataset.tensors)
+        self.batch_size = batch_size
+        self.sampler = sampler
+        self.drop_last = drop_last
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self):
+        order = torch.as_tensor(list(self.sampler), dtype=torch.int64, device=self.x.device)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            yield self.x[idx], self.y[idx]
+
+
+def download(name, data_dir=DEFAULT_DATA_DIR):
+    """Fetch a dataset into ``data_dir`` (only fashion-mnist needs it; needs internet)."""
+    if name != "fashion-mnist":
+        if name in DATASETS:
+            print(f"{name} ships with its Python package; nothing to download")
+            return
+        raise CourseError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    from torchvision.datasets import FashionMNIST
+
+    try:
+        for train in (True, False):
+            FashionMNIST(str(data_dir), train=train, download=True)
+    except Exception as error:
+        raise CourseError(
+            f"could not download Fashion-MNIST ({type(error).__name__}: {error}); check the "
+            f"internet connection, or copy the four IDX files into "
+            f"{fashion_mnist_raw_dir(data_dir)}"
+        ) from None
+    print(f"fashion-mnist ready in {fashion_mnist_raw_dir(data_dir)}")
+
+
+@exit_cleanly_on_course_error
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m workshop_lib.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the datasets and whether each is available here")
+    get = sub.add_parser("download", help="download a dataset into the data folder")
+    get.add_argument("name", choices=list(DATASETS))
+    for p in sub.choices.values():
+        p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    args = parser.parse_args(argv)
+    if args.command == "download":
+        download(args.name, args.data_dir)
+    else:
+        for info in DATASETS.values():
+            state = "available" if is_available(info.name, args.data_dir) else "not downloaded"
+            print(f"{info.name:14} {state:15} {info.description}")
+        print(auto_choice_message(args.data_dir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The run record: one JSON object per line in ``<out>/run.jsonl``, and the console table.
+
+Line 1 (``"event": "start"``): the arguments, derived quantities (world size, per-device
+and global batch, steps per epoch, learning rate) and the software and hardware.
+Then one ``"event": "epoch"`` line per epoch, and a final ``"event": "end"`` line.
+Notebooks, plots and tests read this file (``read``), never the console output.
+"""
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workshop_lib import hardware
+
+RUN_LOG_NAME = "run.jsonl"
+TABLE_COLUMNS = (  # (record key, heading, number format); each column as wide as its heading
+    ("epoch", "epoch", "d"),
+    ("train_loss", "train_loss", ".4f"),
+    ("val_loss", "val_loss", ".4f"),
+    ("val_acc", "val_acc", ".4f"),
+    ("lr", "lr      ", ".4g"),
+    ("samples_per_s", "samples/s", ".0f"),
+    ("epoch_s", "epoch_s", ".2f"),
+)
+
+
+class RunLog:
+    """Writes ``run.jsonl`` and the console table; ``enabled=False`` (ranks > 0) does neither."""
+
+    def __init__(self, out_dir, enabled=True):
+        self.path = Path(out_dir) / RUN_LOG_NAME
+        self.enabled = enabled
+        if enabled:
+            self.path.write_text("")
+
+    def write(self, event, **record):
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"event": event, **record}) + "\n")
+
+    def start(self, script, args, **derived):
+        """Record and print the run's set-up: the quantities a reader needs to interpret it."""
+        self.write("start", script=script, args={k: str(v) for k, v in vars(args).items()},
+                   **derived, hardware=hardware.describe())
+        if self.enabled:
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in derived.items()))
+            print(" ".join(f"{heading.strip():>{len(heading)}}" for _, heading, _ in TABLE_COLUMNS),
+                  flush=True)
+
+    def epoch(self, record):
+        self.write("epoch", **record)
+        if self.enabled:
+            print(" ".join(f"{record[key]:>{len(heading)}{fmt}}"
+                           for key, heading, fmt in TABLE_COLUMNS), flush=True)
+
+    def end(self, reason, record, elapsed_s):
+        self.write("end", reason=reason, epochs=record["epoch"], val_acc=record["val_acc"],
+                   elapsed_s=elapsed_s)
+        if self.enabled:
+            print(f"done: {reason}; val_acc={record['val_acc']:.4f}; run log {self.path}",
+                  flush=True)
+
+
+@dataclass
+class Run:
+    start: dict
+    epochs: list = field(default_factory=list)
+    end: dict | None = None
+
+    @property
+    def final(self):
+        """The last epoch's record."""
+        return self.epochs[-1]
+
+    @property
+    def best_val_acc(self):
+        return max(e["val_acc"] for e in self.epochs)
+
+    def column(self, name):
+        return [e[name] for e in self.epochs]
+
+
+def read(path):
+    """Read a run record (a ``run.jsonl`` file or the folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RUN_LOG_NAME
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    run = Run(start=records[0])
+    for record in records[1:]:
+        if record["event"] == "epoch":
+            run.epochs.append(record)
+        elif record["event"] == "end":
+            run.end = record
+    return run

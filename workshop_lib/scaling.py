@@ -1,0 +1,35 @@
+"""Learning-rate scaling rules and warmup (notebook 03, "Keeping accuracy at scale").
+
+``--lr`` is the rate tuned at a reference global batch (``--lr-ref-batch``). When the
+global batch grows k-fold:
+
+- ``none``: keep the rate. Fewer, equally long steps per epoch: large batches fall behind.
+- ``linear``: multiply by k (Goyal et al. 2017): k small steps ~ one k-times-longer step.
+- ``sqrt``: multiply by sqrt(k), which keeps the gradient-noise scale constant; safer
+  when linear scaling diverges.
+
+Warmup raises the rate linearly over the first epochs, from ``1/warmup_steps`` of the
+target to the target, because the linear rule's large early steps are what diverge.
+"""
+import math
+
+SCALING_RULES = ("none", "linear", "sqrt")
+
+
+def scaled_lr(lr, rule, global_batch_size, ref_batch_size):
+    """The learning rate for ``global_batch_size`` under a scaling ``rule``."""
+    k = global_batch_size / ref_batch_size
+    if rule == "none":
+        return lr
+    if rule == "linear":
+        return lr * k
+    if rule == "sqrt":
+        return lr * math.sqrt(k)
+    raise ValueError(f"unknown scaling rule {rule!r}; choose one of {SCALING_RULES}")
+
+
+def warmup_factor(step, warmup_steps):
+    """Multiplier for the learning rate at optimizer step ``step`` (0-based)."""
+    if step >= warmup_steps:
+        return 1.0
+    return (step + 1) / warmup_steps

@@ -1,0 +1,133 @@
+"""Train a model on one device: the CPU or one GPU.
+
+train_ddp.py is this same script made data-parallel; `diff train.py train_ddp.py` shows
+only the lines DistributedDataParallel needs (notebook 02 goes through them one by one).
+
+    python -m workshop_lib.train --epochs 10 --batch-size 64
+    python -m workshop_lib.train --dataset fashion-mnist --model wrn-16-4 --device cuda
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import RandomSampler, SequentialSampler
+from tqdm import tqdm
+
+from workshop_lib import checkpoint, cli, data, hardware, metrics, models, runlog, scaling
+from workshop_lib.errors import exit_cleanly_on_course_error
+
+
+def load_train_objs(args, device):
+    train_set, val_set, info = data.load(args.dataset, args.data_dir)
+    torch.manual_seed(args.seed)
+    model = models.build(args.model, info).to(device)
+    return train_set, val_set, info, model
+
+
+def prepare_dataloaders(args, train_set, val_set, device):
+    train_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
+    val_sampler = SequentialSampler(val_set)
+    train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device)
+    val_loader = data.TensorLoader(val_set, 512, val_sampler, device)
+    return train_sampler, train_loader, val_loader
+
+
+def train_epoch(model, loader, optimizer, scheduler, progress):
+    """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
+    model.train()
+    sums = torch.zeros(2, device=loader.x.device)
+    for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        # Accumulate on the device: calling loss.item() here would make every step wait
+        # for the GPU (a host-device sync).
+        sums += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=sums.device)])
+    return sums
+
+
+@torch.no_grad()
+def evaluate(model, loader):
+    """Returns [sum of losses, correct predictions, samples] as a tensor on the device."""
+    model.eval()
+    sums = torch.zeros(3, device=loader.x.device)
+    for x, y in loader:
+        logits = model(x)
+        sums += torch.stack([
+            F.cross_entropy(logits, y, reduction="sum"),
+            (logits.argmax(dim=1) == y).sum(),
+            torch.tensor(len(y), device=sums.device),
+        ])
+    return sums
+
+
+def synchronize(device):
+    """Wait for queued GPU work, so that the clock measures it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fit(args, device):
+    threads = hardware.configure_cpu_threads(device, processes_on_this_machine=1)
+
+    train_set, val_set, info, model = load_train_objs(args, device)
+    train_sampler, train_loader, val_loader = prepare_dataloaders(args, train_set, val_set, device)
+
+    world_size = 1
+    global_batch_size = args.batch_size * world_size
+    lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
+    warmup_steps = round(args.warmup_epochs * len(train_loader))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: scaling.warmup_factor(step, warmup_steps))
+
+    print(f"[{device}] samples={len(train_sampler)} steps={len(train_loader)} threads={threads}",
+          flush=True)
+    log = runlog.RunLog(args.out)
+    log.start("train", args, dataset=info.name, model=args.model,
+              parameters=models.count_parameters(model), device=str(device),
+              backend=None,
+              world_size=world_size, batch_size=args.batch_size,
+              global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
+              warmup_steps=warmup_steps, threads_per_process=threads)
+
+    start = time.perf_counter()
+    stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
+    stop_reason = f"{args.epochs} epochs done"
+    for epoch in range(1, args.epochs + 1):
+        lr_now = optimizer.param_groups[0]["lr"]
+        synchronize(device)
+        epoch_start = time.perf_counter()
+        train_sums = train_epoch(model, train_loader, optimizer, scheduler, args.progress)
+        synchronize(device)
+        epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
+        val_sums = evaluate(model, val_loader)
+
+        record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,
+                                      global_batch_size, epoch_s, time.perf_counter() - start)
+        log.epoch(record)
+        checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, epoch),
+                               args.out / "checkpoint.pt")
+        if stop.reached(record["val_acc"]):
+            stop_reason = stop.reason()
+            break
+
+    log.end(stop_reason, record, time.perf_counter() - start)
+
+
+@exit_cleanly_on_course_error
+def main(argv=None):
+    parser = cli.ArgumentParser(prog="python -m workshop_lib.train", description=__doc__)
+    cli.add_common_args(parser, default_out="runs/train")
+    args = parser.parse_args(argv)
+    cli.check_args(args)
+    device = hardware.pick_device(args.device)
+    cli.prepare_out_dir(args.out)
+    fit(args, device)
+
+
+if __name__ == "__main__":
+    main()

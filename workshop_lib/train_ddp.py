@@ -1,0 +1,174 @@
+"""Train a model data-parallel: one process per GPU (or per CPU share), launched by torchrun.
+
+This is train.py plus the steps DistributedDataParallel needs, and nothing else;
+`diff train.py train_ddp.py` shows them (notebook 02 goes through them one by one).
+
+    torchrun --standalone --nproc-per-node=2 -m workshop_lib.train_ddp --epochs 10
+    torchrun --standalone --nproc-per-node=gpu -m workshop_lib.train_ddp --model wrn-16-10
+"""
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm
+
+from workshop_lib import checkpoint, cli, data, hardware, metrics, models, runlog, scaling
+from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+
+
+def load_train_objs(args, device):
+    train_set, val_set, info = data.load(args.dataset, args.data_dir)
+    torch.manual_seed(args.seed)
+    model = models.build(args.model, info).to(device)
+    return train_set, val_set, info, model
+
+
+def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):
+    # Each rank draws a disjoint 1/world_size of a permutation that all ranks agree on.
+    train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=args.seed)
+    # Validation shards without DistributedSampler's padding, so the counts are exact.
+    val_sampler = data.ShardSampler(val_set, rank, world_size)
+    train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device)
+    val_loader = data.TensorLoader(val_set, 512, val_sampler, device)
+    return train_sampler, train_loader, val_loader
+
+
+def train_epoch(model, loader, optimizer, scheduler, progress):
+    """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
+    model.train()
+    sums = torch.zeros(2, device=loader.x.device)
+    for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        # Accumulate on the device: calling loss.item() here would make every step wait
+        # for the GPU (a host-device sync).
+        sums += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=sums.device)])
+    return sums
+
+
+@torch.no_grad()
+def evaluate(model, loader):
+    """Returns [sum of losses, correct predictions, samples] as a tensor on the device."""
+    model.eval()
+    sums = torch.zeros(3, device=loader.x.device)
+    for x, y in loader:
+        logits = model(x)
+        sums += torch.stack([
+            F.cross_entropy(logits, y, reduction="sum"),
+            (logits.argmax(dim=1) == y).sum(),
+            torch.tensor(len(y), device=sums.device),
+        ])
+    return sums
+
+
+def synchronize(device):
+    """Wait for queued GPU work, so that the clock measures it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fit(args, device, rank, world_size, local_world_size):
+    is_rank0 = rank == 0  # the one process that writes files and prints the table
+    threads = hardware.configure_cpu_threads(device, processes_on_this_machine=local_world_size)
+
+    train_set, val_set, info, model = load_train_objs(args, device)
+    # DDP broadcasts rank 0's parameters, then all-reduces gradients during backward().
+    model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+    train_sampler, train_loader, val_loader = prepare_dataloaders(
+        args, train_set, val_set, device, rank, world_size)
+
+    global_batch_size = args.batch_size * world_size
+    lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
+    warmup_steps = round(args.warmup_epochs * len(train_loader))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: scaling.warmup_factor(step, warmup_steps))
+
+    print(f"[rank {rank}/{world_size}] {device} samples={len(train_sampler)} "
+          f"steps={len(train_loader)} threads={threads}", flush=True)
+    log = runlog.RunLog(args.out, enabled=is_rank0)
+    log.start("train_ddp", args, dataset=info.name, model=args.model,
+              parameters=models.count_parameters(model), device=str(device),
+              backend=dist.get_backend(),
+              world_size=world_size, batch_size=args.batch_size,
+              global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
+              warmup_steps=warmup_steps, threads_per_process=threads)
+
+    start = time.perf_counter()
+    stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
+    stop_reason = f"{args.epochs} epochs done"
+    for epoch in range(1, args.epochs + 1):
+        lr_now = optimizer.param_groups[0]["lr"]
+        # A new permutation each epoch; without this every epoch repeats epoch 0's order.
+        train_sampler.set_epoch(epoch)
+        synchronize(device)
+        epoch_start = time.perf_counter()
+        train_sums = train_epoch(model, train_loader, optimizer, scheduler,
+                                 args.progress and is_rank0)
+        synchronize(device)
+        epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
+        # BatchNorm running statistics are buffers each rank updates from its own batches:
+        # give every rank rank 0's, so all evaluate (and rank 0 saves) the same model.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
+        val_sums = evaluate(model.module, val_loader)
+        # Sum the per-rank sums: every rank now holds the global metrics.
+        dist.all_reduce(train_sums)
+        dist.all_reduce(val_sums)
+
+        record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,
+                                      global_batch_size, epoch_s, time.perf_counter() - start)
+        log.epoch(record)
+        if is_rank0:  # the unwrapped model's state loads without DDP
+            checkpoint.save_atomic(
+                checkpoint.training_state(model.module, optimizer, scheduler, epoch),
+                args.out / "checkpoint.pt")
+        if stop.reached(record["val_acc"]):
+            stop_reason = stop.reason()
+            break
+
+    log.end(stop_reason, record, time.perf_counter() - start)
+
+
+def torchrun_env():
+    """The rank layout torchrun gives each process in its environment."""
+    if "RANK" not in os.environ:
+        raise CourseError("train_ddp runs under torchrun: torchrun --standalone "
+                          "--nproc-per-node=2 -m workshop_lib.train_ddp [flags]")
+    return (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
+            int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]))
+
+
+@exit_cleanly_on_course_error
+def main(argv=None):
+    parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.train_ddp", description=__doc__)
+    cli.add_common_args(parser, default_out="runs/train_ddp")
+    parser.add_argument("--dist-timeout", type=float, default=300,
+                        help="seconds a collective may wait for the other ranks before "
+                             "failing (default: %(default)s)")
+    args = parser.parse_args(argv)
+    cli.check_args(args)
+    rank, local_rank, world_size, local_world_size = torchrun_env()
+    device = hardware.pick_device(args.device, local_rank, local_world_size)
+    if rank == 0:
+        cli.prepare_out_dir(args.out)
+    dist.init_process_group(hardware.backend_for(device),
+                            timeout=timedelta(seconds=args.dist_timeout),
+                            device_id=device if device.type == "cuda" else None)
+    try:
+        fit(args, device, rank, world_size, local_world_size)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
