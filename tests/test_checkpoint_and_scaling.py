@@ -30,7 +30,11 @@ def test_scaling_rules(rule, expected):
     assert scaling.scaled_lr(0.1, rule, 512, 64) == pytest.approx(expected)
 
 
-def test_warmup_rises_linearly_then_holds():
-    factors = [scaling.warmup_factor(step, 4) for step in range(6)]
-    assert factors == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert scaling.warmup_factor(0, 0) == 1.0
+def test_warmup_rises_linearly_then_holds_or_decays():
+    constant = [scaling.lr_factor(step, 4, 10, "constant") for step in range(10)]
+    assert constant == [0.25, 0.5, 0.75] + [1.0] * 7
+    cosine = [scaling.lr_factor(step, 4, 10, "cosine") for step in range(11)]
+    assert cosine[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert cosine[5:] == sorted(cosine[5:], reverse=True) and cosine[-1] == 0.0
+    assert cosine[7] == pytest.approx(0.5)  # half-way through the decay
+    assert scaling.lr_factor(0, 0, 10, "cosine") == 1.0

@@ -4,6 +4,7 @@
 ``batch_size * world_size``; the scripts print and log it.
 """
 import argparse
+import os
 from pathlib import Path
 
 from workshop_lib import data, hardware, scaling
@@ -35,6 +36,8 @@ def add_common_args(parser, default_out):
         help="global batch size at which --lr was tuned (default: %(default)s)")
     add("--warmup-epochs", type=float, default=0.0,
         help="epochs of linear learning-rate warmup (default: %(default)s)")
+    add("--schedule", default="cosine", choices=scaling.SCHEDULES,
+        help="learning rate after warmup: cosine decay to 0, or constant (default: %(default)s)")
     add("--momentum", type=float, default=0.9, help="SGD momentum (default: %(default)s)")
     add("--weight-decay", type=float, default=5e-4, help="default: %(default)s")
     add("--seed", type=int, default=0, help="default: %(default)s")
@@ -80,7 +83,7 @@ def check_args(args):
 
 def prepare_out_dir(out):
     """Create the output folder and prove it is writable, before any training time is spent."""
-    probe = Path(out) / ".write-test"
+    probe = Path(out) / f".write-test-{os.getpid()}"
     try:
         Path(out).mkdir(parents=True, exist_ok=True)
         probe.write_text("")

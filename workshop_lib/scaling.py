@@ -10,10 +10,13 @@ global batch grows k-fold:
 
 Warmup raises the rate linearly over the first epochs, from ``1/warmup_steps`` of the
 target to the target, because the linear rule's large early steps are what diverge.
+After warmup the ``cosine`` schedule decays the rate to zero by the last step, so the
+final accuracy is not the noise of a large constant step; ``constant`` keeps it.
 """
 import math
 
 SCALING_RULES = ("none", "linear", "sqrt")
+SCHEDULES = ("cosine", "constant")
 
 
 def scaled_lr(lr, rule, global_batch_size, ref_batch_size):
@@ -28,8 +31,11 @@ def scaled_lr(lr, rule, global_batch_size, ref_batch_size):
     raise ValueError(f"unknown scaling rule {rule!r}; choose one of {SCALING_RULES}")
 
 
-def warmup_factor(step, warmup_steps):
+def lr_factor(step, warmup_steps, total_steps, schedule="cosine"):
     """Multiplier for the learning rate at optimizer step ``step`` (0-based)."""
-    if step >= warmup_steps:
-        return 1.0
-    return (step + 1) / warmup_steps
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or step >= total_steps:
+        return 1.0 if schedule == "constant" else 0.0
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * progress))

@@ -81,8 +81,9 @@ def fit(args, device):
     warmup_steps = round(args.warmup_epochs * len(train_loader))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
+    total_steps = args.epochs * len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: scaling.warmup_factor(step, warmup_steps))
+        optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
 
     print(f"[{device}] samples={len(train_sampler)} steps={len(train_loader)} threads={threads}",
           flush=True)

@@ -90,8 +90,9 @@ def fit(args, device, rank, world_size, local_world_size):
     warmup_steps = round(args.warmup_epochs * len(train_loader))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
+    total_steps = args.epochs * len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: scaling.warmup_factor(step, warmup_steps))
+        optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
 
     print(f"[rank {rank}/{world_size}] {device} samples={len(train_sampler)} "
           f"steps={len(train_loader)} threads={threads}", flush=True)
