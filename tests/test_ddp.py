@@ -91,3 +91,26 @@ def test_validation_metrics_are_the_global_ones(tmp_path):
         torch.testing.assert_close(rank["global"][0], single[0], rtol=1e-5, atol=1e-4)
     assert ranks[0]["local"][2] + ranks[1]["local"][2] == 359
     assert ranks[0]["local"][1] != single[1], "one shard's accuracy is not the global accuracy"
+
+
+def naive_vs_ddp(rank, world_size):
+    from workshop_lib import naive_ddp
+
+    return naive_ddp.compare_with_ddp(rank, world_size, steps=15)
+
+
+def test_from_scratch_wrapper_matches_distributed_data_parallel(tmp_path):
+    differences = run_in_ranks(naive_vs_ddp, 2, tmp_path)
+    assert max(differences) < 1e-5
+
+
+def naive_without_gradient_sync(rank, world_size):
+    from workshop_lib import naive_ddp
+
+    naive_ddp.NaiveDataParallel.sync_gradients = lambda self: None
+    return naive_ddp.compare_with_ddp(rank, world_size, steps=15)
+
+
+def test_the_comparison_would_catch_a_wrapper_that_skips_the_all_reduce(tmp_path):
+    differences = run_in_ranks(naive_without_gradient_sync, 2, tmp_path)
+    assert min(differences) > 1e-3
