@@ -57,3 +57,31 @@ def digits():
     from workshop_lib import data
 
     return data.load("digits")
+
+
+def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
+    """Execute ``notebooks/<name>`` with papermill in the CPU profile, as CI does.
+
+    Runs write under ``runs_dir`` (passed as the ``runs_dir`` parameter), so the test can
+    assert on the run records of this very execution. Returns the executed notebook.
+    """
+    import nbformat
+    import papermill
+
+    output = Path(runs_dir) / f"executed-{name}"
+    papermill.execute_notebook(
+        str(REPO / "notebooks" / name), str(output), kernel_name="python3",
+        parameters={"profile": "cpu", "runs_dir": str(runs_dir), **parameters},
+        cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
+    )
+    return nbformat.read(output, as_version=4)
+
+
+def notebook_text_outputs(notebook):
+    """All text a notebook's cells printed or displayed, joined."""
+    parts = []
+    for cell in notebook.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts.append(out.get("data", {}).get("text/plain", ""))
+    return "\n".join(parts)

@@ -93,3 +93,31 @@ def read(path):
         elif record["event"] == "end":
             run.end = record
     return run
+
+
+def read_all(folder):
+    """Every run under ``folder`` (each subfolder holding a run.jsonl), by subfolder name."""
+    return {p.parent.name: read(p) for p in sorted(Path(folder).glob(f"*/{RUN_LOG_NAME}"))}
+
+
+def time_to_accuracy(run, target):
+    """Seconds of training until validation accuracy first reached ``target`` (None: never).
+
+    Counts training time only (``epoch_s``), the quantity that scales with the hardware.
+    """
+    seconds = 0.0
+    for epoch in run.epochs:
+        seconds += epoch["epoch_s"]
+        if epoch["val_acc"] >= target:
+            return seconds
+    return None
+
+
+def format_table(rows, columns):
+    """A fixed-width text table of dicts; ``columns`` maps key -> (heading, format spec)."""
+    widths = {k: max(len(h), *(len(format(r[k], f)) for r in rows)) for k, (h, f) in
+              columns.items()}
+    lines = [" ".join(f"{h:>{widths[k]}}" for k, (h, _) in columns.items())]
+    lines += [" ".join(f"{format(r[k], f):>{widths[k]}}" for k, (_, f) in columns.items())
+              for r in rows]
+    return "\n".join(lines)
