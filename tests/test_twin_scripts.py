@@ -11,22 +11,8 @@ import difflib
 import re
 
 from conftest import REPO
+from workshop_lib.ddp_diff import DDP_STEPS, hunks
 
-DDP_STEPS = {
-    "distributed imports": r"^(import os|from datetime import timedelta|import torch\.distributed"
-                           r"|from torch\.nn\.parallel import|from torch\.utils\.data\.distributed"
-                           r"|from workshop_lib\.errors import CourseError)",
-    "rank layout from torchrun": r"\b(rank|local_rank|world_size|local_world_size|torchrun_env)\b"
-                                 r"|os\.environ",
-    "device and backend per rank": r"(backend|init_process_group|device_id)",
-    "distributed sampler": r"(DistributedSampler|ShardSampler|set_epoch)",
-    "DDP wrap and unwrap": r"(DDP\(|\.module\b)",
-    "rank 0 guards": r"\bis_rank0\b|\brank == 0\b",
-    "global metrics": r"dist\.(all_reduce|broadcast)\(",
-    "clean shutdown": r"^(try:( finally:)?|dist\.destroy_process_group\(\))$",
-    "DDP-only flag": r"dist-timeout",
-    "names the DDP script": r"(train_ddp|torchrun)",
-}
 # What the single-device script has that the DDP script drops.
 SINGLE_PROCESS_ONLY = r"(RandomSampler|SequentialSampler|^world_size = 1$)"
 
@@ -96,3 +82,11 @@ def test_the_diff_shows_every_ddp_step_and_stays_short():
                      "model.module", "is_rank0", "dist.all_reduce", "destroy_process_group"):
         assert required in text, f"the DDP script should show {required}"
     assert len(added) <= 45, "the diff should stay short enough to read in class"
+
+
+def test_every_rendered_hunk_is_named_by_a_ddp_step():
+    rendered = hunks()
+    unnamed = [lines for steps, lines in rendered if not steps]
+    assert not unnamed, f"hunks notebook 02 could not name: {unnamed}"
+    named = {step for steps, _ in rendered for step in steps}
+    assert named >= set(DDP_STEPS) - {"names the DDP script"}

@@ -171,6 +171,25 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
+def shards_by_epoch(n, world_size, epochs, set_epoch=True, seed=0):
+    """What ``DistributedSampler`` hands each rank: ``[epoch][rank] -> list of indices``.
+
+    Notebook 02 uses it to show the split, and what happens without ``set_epoch``.
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    dataset = range(n)
+    samplers = [DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed)
+                for rank in range(world_size)]
+    result = []
+    for epoch in range(epochs):
+        for sampler in samplers:
+            if set_epoch:
+                sampler.set_epoch(epoch)
+        result.append([list(sampler) for sampler in samplers])
+    return result
+
+
 class TensorLoader:
     """Mini-batches sliced from tensors that sit on the training device.
 

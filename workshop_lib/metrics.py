@@ -43,3 +43,24 @@ class TargetAccuracy:
 
     def reason(self):
         return f"val_acc >= {self.target} for {self.patience} epoch(s) in a row"
+
+
+def shard_accuracies(model, val_set, world_size, device="cpu"):
+    """Accuracy on each rank's validation shard, and on the whole set (notebook 02).
+
+    Shows why a DDP job must all-reduce its metrics: each rank alone sees a different
+    number, and the mean of the shard accuracies is not the global accuracy either
+    unless the shards are equally large.
+    """
+    from workshop_lib import data, train
+
+    per_rank = []
+    for rank in range(world_size):
+        loader = data.TensorLoader(val_set, 512, data.ShardSampler(val_set, rank, world_size),
+                                   device)
+        _, correct, count = train.evaluate(model, loader).tolist()
+        per_rank.append({"rank": rank, "correct": int(correct), "samples": int(count),
+                         "accuracy": correct / count})
+    total_correct = sum(r["correct"] for r in per_rank)
+    total = sum(r["samples"] for r in per_rank)
+    return per_rank, total_correct / total

@@ -79,6 +79,13 @@ class Run:
     def column(self, name):
         return [e[name] for e in self.epochs]
 
+    @property
+    def samples_per_s(self):
+        """Median training throughput, leaving out epoch 1 (start-up, allocation) if it can."""
+        values = sorted(self.column("samples_per_s")[1:] or self.column("samples_per_s"))
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
 
 def read(path):
     """Read a run record (a ``run.jsonl`` file or the folder holding one)."""
