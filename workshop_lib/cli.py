@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from workshop_lib import data, hardware, scaling
+from workshop_lib import data, hardware, optim, scaling
 from workshop_lib.errors import CourseError
 
 
@@ -38,6 +38,9 @@ def add_common_args(parser, default_out):
         help="epochs of linear learning-rate warmup (default: %(default)s)")
     add("--schedule", default="cosine", choices=scaling.SCHEDULES,
         help="learning rate after warmup: cosine decay to 0, or constant (default: %(default)s)")
+    add("--optimizer", default="sgd", choices=optim.OPTIMIZERS,
+        help="sgd, or lars (layer-wise trust ratios) for very large batches "
+             "(default: %(default)s)")
     add("--momentum", type=float, default=0.9, help="SGD momentum (default: %(default)s)")
     add("--weight-decay", type=float, default=5e-4, help="default: %(default)s")
     add("--seed", type=int, default=0, help="default: %(default)s")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import RandomSampler, SequentialSampler
 from tqdm import tqdm
 
-from workshop_lib import checkpoint, cli, data, hardware, metrics, models, runlog, scaling
+from workshop_lib import checkpoint, cli, data, hardware, metrics, models, optim, runlog, scaling
 from workshop_lib.errors import exit_cleanly_on_course_error
 
 
@@ -79,8 +79,8 @@ def fit(args, device):
     global_batch_size = args.batch_size * world_size
     lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
     warmup_steps = round(args.warmup_epochs * len(train_loader))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
+    optimizer = optim.build(args.optimizer, model.parameters(), lr, args.momentum,
+                            args.weight_decay)
     total_steps = args.epochs * len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from workshop_lib import checkpoint, cli, data, hardware, metrics, models, runlog, scaling
+from workshop_lib import checkpoint, cli, data, hardware, metrics, models, optim, runlog, scaling
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 
 
@@ -88,8 +88,8 @@ def fit(args, device, rank, world_size, local_world_size):
     global_batch_size = args.batch_size * world_size
     lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
     warmup_steps = round(args.warmup_epochs * len(train_loader))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
+    optimizer = optim.build(args.optimizer, model.parameters(), lr, args.momentum,
+                            args.weight_decay)
     total_steps = args.epochs * len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
