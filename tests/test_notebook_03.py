@@ -1,4 +1,7 @@
 """Notebook 03 executes in the CPU profile and reproduces each claim from its own run records."""
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
@@ -40,3 +43,18 @@ def test_summary_reports_the_reproduced_claims(executed):
     text = notebook_text_outputs(notebook)
     assert "NOT reproduced" not in text
     assert text.count("reproduced") >= 2
+
+
+def test_extras_measure_accumulation_precision_and_batchnorm(executed):
+    _, _, notebook = executed
+    extras = json.loads((Path(notebook.metadata.papermill.parameters["runs_dir"])
+                         / "extras.json").read_text())
+    accumulation = extras["accumulation"]
+    assert accumulation["no_sync"]["allreduce_calls"] == 1
+    assert accumulation["all_reduce_every_micro_batch"]["allreduce_calls"] == 4
+    assert accumulation["max_abs_difference_vs_one_big_batch"] < 1e-5
+    precision = extras["mixed_precision"]
+    assert abs(precision["bf16_autocast"]["final_loss"] - precision["fp32"]["final_loss"]) < 0.1
+    assert precision["fp32"]["final_loss"] < 2.0, "the 20 steps must have trained"
+    assert not extras["batchnorm"]["sync_batchnorm_used"]  # CPU: SyncBatchNorm needs CUDA
+    assert extras["batchnorm"]["running_mean_spread_across_ranks"] > 1e-4
