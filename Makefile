@@ -10,7 +10,7 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test doctor lint clean
+.PHONY: setup lab test doctor lint html clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,16 @@ $(STAMP): pyproject.toml
 
 lab: setup
 	$(BIN)/python -m workshop_lib doctor
-	$(BIN)/jupyter lab --port=$(PORT) $(ROOT_FLAG) notebooks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --port=$(PORT) $(ROOT_FLAG) notebooks
+
+# Executed copies of every notebook, as HTML, in build/html (profile auto: this machine's).
+html: setup
+	mkdir -p build/executed build/html
+	cd notebooks && for nb in [0-9]*.ipynb; do \
+	  PATH="$(abspath $(BIN)):$$PATH" ../$(BIN)/papermill -k python3 --no-progress-bar \
+	    "$$nb" "../build/executed/$$nb" -p runs_dir "../build/runs/$${nb%.ipynb}" || exit 1; \
+	done
+	$(BIN)/jupyter nbconvert --to html --output-dir build/html build/executed/*.ipynb
 
 test: setup
 	$(BIN)/ruff check workshop_lib tests
