@@ -85,3 +85,20 @@ def notebook_text_outputs(notebook):
             parts.append(out.get("text", ""))
             parts.append(out.get("data", {}).get("text/plain", ""))
     return "\n".join(parts)
+
+
+# One uninterrupted 2-rank run, shared by the tests that check learning (test_training)
+# and the one that compares a killed-and-resumed run with it (test_reliability).
+DDP_RUN_EPOCHS = 5
+DDP_RUN_FLAGS = ["--dataset", "digits", "--epochs", str(DDP_RUN_EPOCHS), "--batch-size", "32",
+                 "--no-progress"]
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train_ddp")
+    result = run_course_command(["torchrun", "--standalone", "--nproc-per-node=2",
+                                 "-m", "workshop_lib.train_ddp", *DDP_RUN_FLAGS,
+                                 "--out", str(out)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result

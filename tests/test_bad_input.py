@@ -33,6 +33,19 @@ def test_bad_flags(argv, expected, capsys, tmp_path):
     assert expected in line
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["--out", ""], "--out needs a folder name"),
+    (["--inject-fault", "explode@1:3"], "--inject-fault takes KIND@RANK:STEP"),
+])
+def test_bad_values_that_need_no_output_folder(argv, expected, capsys):
+    assert expected in run_main(train.main, argv, capsys)
+
+
+def test_resume_without_a_checkpoint(capsys, tmp_path):
+    line = run_main(train.main, ["--resume", "--out", str(tmp_path)], capsys)
+    assert f"no checkpoint at {tmp_path}/checkpoint.pt to resume from" in line
+
+
 def test_missing_dataset_says_how_to_get_it(capsys, tmp_path):
     line = run_main(train.main, ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path),
                                  "--out", str(tmp_path / "out")], capsys)

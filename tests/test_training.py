@@ -6,13 +6,13 @@ every test of a run reads that run's record.
 import pytest
 import torch
 
+from conftest import DDP_RUN_EPOCHS as EPOCHS
 from conftest import run_course_command
 from workshop_lib import checkpoint, data, models, runlog, train
 
 # Measured on a 2-core CPU: 0.98-0.99 after 4-5 epochs, whatever the seed. A broken
 # gradient path (no all-reduce, a frozen layer, a wrong loss) stays far below.
 ACCURACY_BAR = 0.95
-EPOCHS = 5
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +22,6 @@ def single_run(tmp_path_factory):
                                  "--epochs", str(EPOCHS), "--batch-size", "64",
                                  "--no-progress", "--out", str(out)])
     assert result.returncode == 0, result.stderr
-    return out, result
-
-
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("train_ddp")
-    result = run_course_command(["torchrun", "--standalone", "--nproc-per-node=2",
-                                 "-m", "workshop_lib.train_ddp", "--dataset", "digits",
-                                 "--epochs", str(EPOCHS), "--batch-size", "32",
-                                 "--no-progress", "--out", str(out)])
-    assert result.returncode == 0, result.stdout + result.stderr
     return out, result
 
 
@@ -81,9 +70,24 @@ def test_only_rank0_writes_and_the_checkpoint_loads_into_the_plain_model(ddp_run
 def test_single_process_checkpoint_resumes_model_and_optimizer(single_run):
     out, _ = single_run
     state = checkpoint.load(out / "checkpoint.pt")
-    assert set(state) == {"model", "optimizer", "scheduler", "epoch"}
+    assert {"model", "optimizer", "scheduler", "epoch", "rng"} <= set(state)
     model = models.build("cnn", data.DATASETS["digits"])
     model.load_state_dict(state["model"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     optimizer.load_state_dict(state["optimizer"])
     assert optimizer.state, "momentum buffers were saved"
+
+
+def test_single_process_resume_reproduces_the_uninterrupted_run(single_run, tmp_path):
+    from workshop_lib.faults import InjectedFault
+
+    reference_dir, _ = single_run
+    flags = ["--dataset", "digits", "--epochs", str(EPOCHS), "--batch-size", "64",
+             "--no-progress", "--out", str(tmp_path)]
+    with pytest.raises(InjectedFault):  # dies in epoch 3 (23 steps per epoch)
+        train.main([*flags, "--inject-fault", "raise@0:50"])
+    assert checkpoint.load(tmp_path / "checkpoint.pt")["epoch"] == 2
+    train.main([*flags, "--resume"])
+    resumed, reference = runlog.read(tmp_path), runlog.read(reference_dir)
+    assert resumed.column("val_acc") == reference.column("val_acc")
+    assert resumed.column("train_loss") == reference.column("train_loss")

@@ -14,7 +14,7 @@ from conftest import REPO
 from workshop_lib.ddp_diff import DDP_STEPS, hunks
 
 # What the single-device script has that the DDP script drops.
-SINGLE_PROCESS_ONLY = r"(RandomSampler|SequentialSampler|^world_size = 1$)"
+SINGLE_PROCESS_ONLY = r"(RandomSampler|SequentialSampler|^world_size = 1$|generator\.manual_seed)"
 
 
 def statements(path):
@@ -81,7 +81,7 @@ def test_the_diff_shows_every_ddp_step_and_stays_short():
     for required in ("init_process_group", "DistributedSampler", "set_epoch", "DDP(model",
                      "model.module", "is_rank0", "dist.all_reduce", "destroy_process_group"):
         assert required in text, f"the DDP script should show {required}"
-    assert len(added) <= 45, "the diff should stay short enough to read in class"
+    assert len(added) <= 50, "the diff should stay short enough to read in class"
 
 
 def test_every_rendered_hunk_is_named_by_a_ddp_step():

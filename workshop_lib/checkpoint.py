@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from workshop_lib.errors import CourseError
+
 
 def save_atomic(state, path):
     """``torch.save`` to a temporary file beside ``path``, flush it to disk, then rename.
@@ -30,6 +32,27 @@ def load(path, map_location="cpu"):
 
 
 def training_state(model, optimizer, scheduler, epoch):
-    """Everything needed to resume: ``model`` must be the plain (unwrapped) model."""
+    """Everything needed to resume: ``model`` must be the plain (unwrapped) model.
+
+    The data order needs no state of its own: each epoch's shuffle is seeded by
+    (seed, epoch), so knowing the epoch restores the sampler position.
+    """
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "epoch": epoch}
+            "scheduler": scheduler.state_dict(), "epoch": epoch,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def resume(path, model, optimizer, scheduler):
+    """Restore a ``training_state`` checkpoint into live objects; return the epoch it ended."""
+    if not Path(path).is_file():
+        raise CourseError(f"no checkpoint at {path} to resume from; run without --resume, "
+                          f"or pass the --out folder of the run to continue")
+    state = load(path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["epoch"]

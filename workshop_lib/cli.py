@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from workshop_lib import data, hardware, optim, scaling
+from workshop_lib import data, faults, hardware, optim, scaling
 from workshop_lib.errors import CourseError
 
 
@@ -16,6 +16,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def folder(text):
+    """An --out value: a non-empty folder path."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--out needs a folder name, got an empty string")
+    return Path(text)
 
 
 def add_common_args(parser, default_out):
@@ -49,10 +56,15 @@ def add_common_args(parser, default_out):
     add("--patience", type=int, default=1, help="default: %(default)s")
     add("--device", default="auto", choices=hardware.DEVICE_CHOICES,
         help="auto: a GPU if there is one, else the CPU (default: %(default)s)")
-    add("--out", type=Path, default=Path(default_out),
+    add("--out", type=folder, default=Path(default_out),
         help="folder for run.jsonl and checkpoint.pt (default: %(default)s)")
     add("--progress", action=argparse.BooleanOptionalAction, default=True,
         help="show a progress bar per epoch (default: on)")
+    add("--resume", action="store_true",
+        help="continue from <out>/checkpoint.pt (model, optimizer, schedule, epoch, RNG)")
+    add("--inject-fault", default=None, metavar="KIND@RANK:STEP",
+        help="make a rank fail on purpose: raise, kill or hang at a training step, e.g. "
+             "kill@1:30 (first attempt only; see workshop_lib/faults.py)")
     return parser
 
 
@@ -79,6 +91,7 @@ def check_args(args):
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         raise CourseError(
             f"--target-accuracy is a fraction in (0, 1], got {args.target_accuracy}")
+    faults.parse(args.inject_fault)
     if args.model not in models.MODELS:
         raise CourseError(
             f"unknown model {args.model!r}; choose one of: {', '.join(models.MODELS)}")

@@ -19,6 +19,8 @@ DDP_STEPS = {
     "DDP wrap, .module to unwrap": r"(DDP\(|\.module\b)",
     "global metrics (all-reduce)": r"dist\.(all_reduce|broadcast)\(",
     "rank-0-only logging and checkpoints": r"\bis_rank0\b|\brank == 0\b",
+    "elastic restarts and error reports": r"(TORCHELASTIC_RESTART_COUNT|restarted\b"
+                                          r"|record_errors|elastic)",
     "process group: init and clean shutdown": r"(backend|init_process_group|device_id"
                                               r"|^\s*(try:|finally:)|destroy_process_group"
                                               r"|dist-timeout)",

@@ -21,5 +21,12 @@ def exit_cleanly_on_course_error(main):
         except CourseError as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             sys.exit(2)
+        except Exception as error:
+            if type(error).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
+                raise
+            print(f"error: the GPU ran out of memory ({str(error).splitlines()[0][:100]}); "
+                  f"lower --batch-size (it is per process), or use a smaller --model",
+                  file=sys.stderr, flush=True)
+            sys.exit(3)
 
     return wrapper

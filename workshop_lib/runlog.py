@@ -26,10 +26,10 @@ TABLE_COLUMNS = (  # (record key, heading, number format); each column as wide a
 class RunLog:
     """Writes ``run.jsonl`` and the console table; ``enabled=False`` (ranks > 0) does neither."""
 
-    def __init__(self, out_dir, enabled=True):
+    def __init__(self, out_dir, enabled=True, append=False):
         self.path = Path(out_dir) / RUN_LOG_NAME
         self.enabled = enabled
-        if enabled:
+        if enabled and not append:
             self.path.write_text("")
 
     def write(self, event, **record):
@@ -54,6 +54,10 @@ class RunLog:
                            for key, heading, fmt in TABLE_COLUMNS), flush=True)
 
     def end(self, reason, record, elapsed_s):
+        """``record``: the last epoch's, or None if a resumed run had nothing left to do."""
+        if record is None:
+            reason = "nothing left to train: the checkpoint is from the last epoch"
+            record = read(self.path).final if self.path.exists() else {"epoch": 0, "val_acc": 0}
         self.write("end", reason=reason, epochs=record["epoch"], val_acc=record["val_acc"],
                    elapsed_s=elapsed_s)
         if self.enabled:
@@ -66,6 +70,7 @@ class Run:
     start: dict
     epochs: list = field(default_factory=list)
     end: dict | None = None
+    resumes: list = field(default_factory=list)  # start records of resumed attempts
 
     @property
     def final(self):
@@ -94,11 +99,17 @@ def read(path):
         path = path / RUN_LOG_NAME
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     run = Run(start=records[0])
+    by_epoch = {}
     for record in records[1:]:
         if record["event"] == "epoch":
-            run.epochs.append(record)
+            # A resumed run may repeat epochs trained after its checkpoint: the last counts.
+            by_epoch[record["epoch"]] = record
         elif record["event"] == "end":
             run.end = record
+        elif record["event"] == "start":
+            run.resumes.append(record)
+            run.end = None
+    run.epochs = [by_epoch[e] for e in sorted(by_epoch)]
     return run
 
 

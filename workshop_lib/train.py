@@ -13,7 +13,18 @@ import torch.nn.functional as F
 from torch.utils.data import RandomSampler, SequentialSampler
 from tqdm import tqdm
 
-from workshop_lib import checkpoint, cli, data, hardware, metrics, models, optim, runlog, scaling
+from workshop_lib import (
+    checkpoint,
+    cli,
+    data,
+    faults,
+    hardware,
+    metrics,
+    models,
+    optim,
+    runlog,
+    scaling,
+)
 from workshop_lib.errors import exit_cleanly_on_course_error
 
 
@@ -84,22 +95,31 @@ def fit(args, device):
     total_steps = args.epochs * len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
+    start_epoch = 1
+    if args.resume:
+        start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model, optimizer,
+                                            scheduler)
+    train_loader = faults.inject(train_loader, args.inject_fault, 0,
+                                 steps_done=(start_epoch - 1) * len(train_loader))
 
     print(f"[{device}] samples={len(train_sampler)} steps={len(train_loader)} threads={threads}",
           flush=True)
-    log = runlog.RunLog(args.out)
+    log = runlog.RunLog(args.out, append=start_epoch > 1)
     log.start("train", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),
               backend=None,
               world_size=world_size, batch_size=args.batch_size,
               global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
-              warmup_steps=warmup_steps, threads_per_process=threads)
+              warmup_steps=warmup_steps, threads_per_process=threads,
+              start_epoch=start_epoch)
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
-    stop_reason = f"{args.epochs} epochs done"
-    for epoch in range(1, args.epochs + 1):
+    stop_reason, record = f"{args.epochs} epochs done", None
+    for epoch in range(start_epoch, args.epochs + 1):
         lr_now = optimizer.param_groups[0]["lr"]
+        # The same permutation for the same (seed, epoch): a resumed run sees the same data.
+        train_sampler.generator.manual_seed(args.seed + epoch)
         synchronize(device)
         epoch_start = time.perf_counter()
         train_sums = train_epoch(model, train_loader, optimizer, scheduler, args.progress)

@@ -13,11 +13,23 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record as record_errors
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from workshop_lib import checkpoint, cli, data, hardware, metrics, models, optim, runlog, scaling
+from workshop_lib import (
+    checkpoint,
+    cli,
+    data,
+    faults,
+    hardware,
+    metrics,
+    models,
+    optim,
+    runlog,
+    scaling,
+)
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 
 
@@ -93,21 +105,30 @@ def fit(args, device, rank, world_size, local_world_size):
     total_steps = args.epochs * len(train_loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
+    start_epoch = 1
+    # After an elastic restart (torchrun --max-restarts), continue from the last checkpoint.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if args.resume or (restarted and (args.out / "checkpoint.pt").exists()):
+        start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model.module, optimizer,
+                                            scheduler)
+    train_loader = faults.inject(train_loader, args.inject_fault, rank,
+                                 steps_done=(start_epoch - 1) * len(train_loader))
 
     print(f"[rank {rank}/{world_size}] {device} samples={len(train_sampler)} "
           f"steps={len(train_loader)} threads={threads}", flush=True)
-    log = runlog.RunLog(args.out, enabled=is_rank0)
+    log = runlog.RunLog(args.out, enabled=is_rank0, append=start_epoch > 1)
     log.start("train_ddp", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),
               backend=dist.get_backend(),
               world_size=world_size, batch_size=args.batch_size,
               global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
-              warmup_steps=warmup_steps, threads_per_process=threads)
+              warmup_steps=warmup_steps, threads_per_process=threads,
+              start_epoch=start_epoch)
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
-    stop_reason = f"{args.epochs} epochs done"
-    for epoch in range(1, args.epochs + 1):
+    stop_reason, record = f"{args.epochs} epochs done", None
+    for epoch in range(start_epoch, args.epochs + 1):
         lr_now = optimizer.param_groups[0]["lr"]
         # A new permutation each epoch; without this every epoch repeats epoch 0's order.
         train_sampler.set_epoch(epoch)
@@ -149,6 +170,7 @@ def torchrun_env():
             int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]))
 
 
+@record_errors  # a crashing rank's traceback goes to torchrun's error file and summary
 @exit_cleanly_on_course_error
 def main(argv=None):
     parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.train_ddp", description=__doc__)

@@ -1,0 +1,104 @@
+"""Multi-process jobs fail loudly and fast, resume after a killed rank, and lose nothing.
+
+Each failure is real: a rank raises, SIGKILLs itself or hangs (workshop_lib/faults.py,
+the training script's documented --inject-fault flag), under a real torchrun launch.
+"""
+import io
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import DDP_RUN_FLAGS, free_port
+from workshop_lib import checkpoint, launch, runlog
+from workshop_lib.errors import CourseError
+
+BOUND_S = 60  # from the fault to the whole job's exit
+
+
+def launch_ddp(out, *flags, max_restarts=0, timeout=300):
+    stream = io.StringIO()
+    result = launch.run(["-m", "workshop_lib.train_ddp", *DDP_RUN_FLAGS, "--out", str(out),
+                         *flags], nproc=2, max_restarts=max_restarts, timeout=timeout,
+                        stream=stream)
+    return result, stream.getvalue()
+
+
+def test_a_rank_that_raises_ends_the_job_fast_and_is_named(tmp_path):
+    result, shown = launch_ddp(tmp_path, "--inject-fault", "raise@1:30")
+    assert result.returncode != 0
+    assert result.failed_rank == 1
+    assert "InjectedFault: injected fault on rank 1 at step 30" in result.error
+    assert result.fault_to_exit_s is not None and result.fault_to_exit_s < BOUND_S
+    assert "FAILED" in shown and "rank 1 failed first" in shown
+    assert "ChildFailedError" not in shown, "torchrun's traceback wall stays in the log folder"
+    assert "[rank 1]" in shown, "other ranks' lines are tagged"
+
+
+def test_a_hanging_rank_becomes_an_error_at_the_collective_timeout(tmp_path):
+    result, shown = launch_ddp(tmp_path, "--inject-fault", "hang@1:30", "--dist-timeout", "15")
+    assert result.returncode != 0
+    assert result.failed_rank == 0, "rank 0 waits in the all-reduce and times out first"
+    assert result.fault_to_exit_s < BOUND_S
+    assert "FAILED" in shown
+
+
+def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path, ddp_run):
+    reference_dir, _ = ddp_run
+    # Step 50 of 23-step epochs: rank 1 dies in epoch 3, after epoch 2's checkpoint.
+    result, shown = launch_ddp(tmp_path, "--inject-fault", "kill@1:50", max_restarts=1)
+    assert result.ok, shown
+    assert result.attempts == 2, "one restart"
+    resumed, reference = runlog.read(tmp_path), runlog.read(reference_dir)
+    assert [r["start_epoch"] for r in resumed.resumes] == [3]
+    assert resumed.column("val_acc") == reference.column("val_acc")
+    assert resumed.column("train_loss") == reference.column("train_loss")
+    final = checkpoint.load(tmp_path / "checkpoint.pt")["model"]
+    expected = checkpoint.load(reference_dir / "checkpoint.pt")["model"]
+    for name, tensor in expected.items():
+        assert torch.equal(final[name], tensor), f"{name} differs from the uninterrupted run"
+
+
+def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import torch
+from workshop_lib import checkpoint
+big = torch.zeros(25_000_000)
+for version in range(1000):
+    checkpoint.save_atomic({{"version": version, "weights": big}}, {str(path)!r})
+    print(version, flush=True)
+"""], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "0"  # one complete checkpoint exists
+    time.sleep(0.3)  # now it is in the middle of writing another 100 MB
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    state = checkpoint.load(path)
+    assert state["weights"].shape == (25_000_000,) and state["version"] >= 0
+
+
+def test_a_taken_port_is_one_clear_error():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(CourseError, match=f"port {port} is already in use"):
+            launch.run(["-m", "workshop_lib.train_ddp"], nproc=2, master_port=port)
+
+
+def test_out_of_memory_is_one_line_with_the_fix(capsys, monkeypatch, tmp_path):
+    from workshop_lib import train
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(train, "train_epoch", out_of_memory)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--epochs", "1", "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 3 and len(err) == 1
+    assert "ran out of memory" in err[0] and "lower --batch-size" in err[0]

@@ -1,0 +1,238 @@
+"""Launch a torchrun job and report it: rank-tagged output, then a one-paragraph summary.
+
+torchrun's own report of a failure is a wall of tracebacks from every layer of the
+launcher. This wrapper shows each process's output as it comes (rank 0 as is, with its
+progress bar; other ranks prefixed ``[rank N]``), hides torchrun's internals, and ends
+with what a learner needs: success and the run record's path, or which rank failed
+first, with what error and exit code, and how many restarts were used.
+
+    python -m workshop_lib.launch --nproc-per-node=2 -m workshop_lib.train_ddp --epochs 5
+    python -m workshop_lib.launch --max-restarts=1 -m workshop_lib.train_ddp \
+        --inject-fault kill@1:50
+
+From Python (notebooks): ``result = launch.run(["-m", "workshop_lib.train_ddp", ...])``.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workshop_lib import hardware
+from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+
+# torchrun keeps one key-value store for all restarts of a job by default; a restarted
+# rank can then read the address a dead rank published in the previous attempt and fail
+# with "Gloo connectFullMesh failed ... Connection refused". A fresh store per attempt
+# removes the stale keys (measured: see the note in README "When a rank dies").
+RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+SIGNALS = {-s.value: s.name for s in signal.Signals}
+# The frames of a crashed rank's traceback ("[rank1]:   File ..."): kept in the log folder,
+# left out of the stream, where the exception line itself still shows.
+TRACEBACK_FRAME = re.compile(r"^\[rank\d+\]:( {2,}|\s*Traceback|\s*\^+\s*$)")
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    attempts: int
+    log_dir: Path
+    failed_rank: int | None = None
+    exitcode: int | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    fault_to_exit_s: float | None = None  # from an injected fault's first report to the end
+    output: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        return self.returncode == 0
+
+    def summary(self):
+        restarts = f" after {self.attempts - 1} restart(s)" if self.attempts > 1 else ""
+        if self.ok:
+            return f"SUCCESS in {self.seconds:.0f} s{restarts}."
+        how = SIGNALS.get(self.exitcode, f"exit code {self.exitcode}")
+        if self.exitcode is not None and self.exitcode < 0:
+            how = f"killed by {how}"
+        where = f"rank {self.failed_rank}" if self.failed_rank is not None else "the job"
+        return (f"FAILED after {self.seconds:.0f} s{restarts}: {where} failed first ({how})"
+                + (f": {self.error}" if self.error else "")
+                + f". Each rank's full output: {self.log_dir}")
+
+
+class _RankLogs:
+    """Follow the per-rank log files torchrun writes (``--redirects 3 --log-dir``)."""
+
+    def __init__(self, log_dir, echo):
+        self.log_dir, self.echo = Path(log_dir), echo
+        self.offsets, self.partial = {}, {}
+        self.fault_seen_at = None
+
+    def poll(self):
+        for path in sorted(self.log_dir.glob("*/attempt_*/*/std*.log")):
+            rank = int(path.parent.name)
+            with path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                chunk = f.read()
+                self.offsets[path] = f.tell()
+            if chunk:
+                self._show(path, rank, chunk.decode(errors="replace"))
+
+    def _show(self, path, rank, text):
+        if "[fault]" in text and self.fault_seen_at is None:
+            self.fault_seen_at = time.monotonic()
+        if rank == 0:  # rank 0 verbatim, so its progress bar's \r redraws keep working
+            for piece in text.splitlines(keepends=True):
+                if not (piece.endswith("\n") and TRACEBACK_FRAME.match(piece)):
+                    self.echo(piece)
+            return
+        text = self.partial.pop(path, "") + text
+        *lines, rest = re.split(r"\r?\n", text)
+        self.partial[path] = rest
+        for line in lines:
+            if line.strip() and not TRACEBACK_FRAME.match(line):
+                self.echo(f"[rank {rank}] {line}\n")
+
+
+def _root_cause(torchrun_output, log_dir):
+    """(rank, exitcode, message) of the first failure torchrun observed, if any."""
+    block = torchrun_output.split("Root Cause (first observed failure):")[-1]
+    rank = re.search(r"rank\s*:\s*(\d+)", block)
+    exitcode = re.search(r"exitcode\s*:\s*(-?\d+)", block)
+    rank = int(rank[1]) if rank else None
+    message = None
+    error_files = sorted(Path(log_dir).glob("*/attempt_*/*/error.json"))
+    for error_file in error_files:
+        if rank is None or int(error_file.parent.name) == rank:
+            info = json.loads(error_file.read_text()).get("message", {})
+            message = (info.get("message") if isinstance(info, dict) else str(info)) or message
+    if message is None and rank is not None:  # a clean one-line "error: ..." from a script
+        for path in sorted(Path(log_dir).glob(f"*/attempt_*/{rank}/stderr.log")):
+            errors = [line for line in path.read_text(errors="replace").splitlines()
+                      if line.startswith("error: ")]
+            message = errors[-1][len("error: "):] if errors else message
+    return rank, int(exitcode[1]) if exitcode else None, message
+
+
+def check_port_free(port, host="127.0.0.1"):
+    """Fail with the fix, not torchrun's traceback, when a rendezvous port is taken."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise CourseError(
+                f"port {port} is already in use (another torchrun job, or a notebook still "
+                f"running one?); pick another --master-port, or let --standalone choose one"
+            ) from None
+
+
+def run(target, nproc="auto", max_restarts=0, timeout=None, env=None, quiet=False,
+        stream=None, master_port=None):
+    """Run ``torchrun ... <target>`` and return a LaunchResult; prints output and summary.
+
+    ``target``: what follows torchrun's own flags, e.g. ``["-m", "workshop_lib.train_ddp",
+    "--epochs", "5"]``. ``timeout`` (seconds) stops the whole job, as a hang would need.
+    ``master_port``: a fixed rendezvous port instead of ``--standalone``'s free one.
+    """
+    stream = stream or sys.stdout
+    nproc = hardware.default_nproc() if nproc == "auto" else int(nproc)
+    if master_port is None:
+        rendezvous = ["--standalone"]
+    else:
+        check_port_free(master_port)
+        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{master_port}"]
+    log_dir = Path(tempfile.mkdtemp(prefix="torchrun-logs-"))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), *rendezvous, f"--nproc-per-node={nproc}",
+               f"--max-restarts={max_restarts}", "--redirects=3", f"--log-dir={log_dir}",
+               *target]
+    output = []
+
+    def echo(text):
+        output.append(text)
+        if not quiet:
+            stream.write(text)
+            stream.flush()
+
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **RESTART_SAFE_ENV, **(env or {})}
+    start = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=full_env, start_new_session=True)
+    logs = _RankLogs(log_dir, echo)
+    torchrun_output = []
+    reader = _Reader(process.stdout, torchrun_output)
+    timed_out = False
+    while process.poll() is None:
+        logs.poll()
+        if timeout is not None and time.monotonic() - start > timeout:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.1)
+    process.wait()
+    reader.join()
+    logs.poll()
+    text = "".join(torchrun_output)
+    attempts = len({p.name for p in log_dir.glob("*/attempt_*")}) or 1
+    end = time.monotonic()
+    result = LaunchResult(process.returncode, attempts, log_dir, seconds=end - start,
+                          output=output)
+    if logs.fault_seen_at is not None:
+        result.fault_to_exit_s = end - logs.fault_seen_at
+    if not result.ok:
+        result.failed_rank, result.exitcode, result.error = _root_cause(text, log_dir)
+        if timed_out:
+            result.error = f"stopped after the {timeout:.0f} s time limit"
+        if result.exitcode is None:
+            result.exitcode = result.returncode
+    echo("\n" + result.summary() + "\n")
+    return result
+
+
+class _Reader:
+    """Drain torchrun's own output in a thread, so its pipe never fills and blocks it."""
+
+    def __init__(self, pipe, sink):
+        import threading
+
+        self.thread = threading.Thread(target=lambda: sink.extend(
+            line.decode(errors="replace") for line in pipe), daemon=True)
+        self.thread.start()
+
+    def join(self):
+        self.thread.join(timeout=10)
+
+
+@exit_cleanly_on_course_error
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "-m" not in argv:
+        print("usage: python -m workshop_lib.launch [--nproc-per-node N] [--max-restarts R] "
+              "[--timeout S] -m MODULE [flags]", file=sys.stderr)
+        return 2
+    split = argv.index("-m")
+    parser = argparse.ArgumentParser(prog="python -m workshop_lib.launch")
+    parser.add_argument("--nproc-per-node", default="auto")
+    parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--master-port", type=int, default=None)
+    args = parser.parse_args(argv[:split])
+    result = run(argv[split:], args.nproc_per_node, args.max_restarts, args.timeout,
+                 master_port=args.master_port)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
