@@ -107,11 +107,9 @@ def fit(args, device):
     log = runlog.RunLog(args.out, append=start_epoch > 1)
     log.start("train", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),
-              backend=None,
-              world_size=world_size, batch_size=args.batch_size,
+              backend=None, world_size=world_size, batch_size=args.batch_size,
               global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
-              warmup_steps=warmup_steps, threads_per_process=threads,
-              start_epoch=start_epoch)
+              warmup_steps=warmup_steps, threads_per_process=threads, start_epoch=start_epoch)
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
