@@ -1,6 +1,11 @@
 """User-facing errors: one line that says what went wrong and what to do about it."""
 import functools
+import json
+import os
 import sys
+import tempfile
+import time
+import traceback
 
 
 class CourseError(Exception):
@@ -28,5 +33,35 @@ def exit_cleanly_on_course_error(main):
                   f"lower --batch-size (it is per process), or use a smaller --model",
                   file=sys.stderr, flush=True)
             sys.exit(3)
+
+    return wrapper
+
+
+def record_errors(main):
+    """Write a crashing rank's error where torchrun looks for it, atomically.
+
+    torchrun (``torch.distributed.elastic``) reads each failed worker's error file
+    (``TORCHELASTIC_ERROR_FILE``) to name the root cause. Its own ``@record`` decorator
+    writes that file in place; when torchrun stops the other ranks after a failure, it
+    can catch one mid-write, then reads an empty file and crashes itself, and the job
+    is not restarted (seen here in 1 of 20 kill-and-restart runs). Writing to a
+    temporary file and renaming it means torchrun sees no file or a complete one.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as error:
+            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+            if path:
+                report = {"message": {"message": f"{type(error).__name__}: {error}",
+                                      "extraInfo": {"py_callstack": traceback.format_exc(),
+                                                    "timestamp": str(int(time.time()))}}}
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(report, f)
+                os.replace(tmp, path)
+            raise
 
     return wrapper

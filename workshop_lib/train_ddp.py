@@ -13,7 +13,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.elastic.multiprocessing.errors import record as record_errors
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
@@ -30,7 +29,7 @@ from workshop_lib import (
     runlog,
     scaling,
 )
-from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
 
 
 def load_train_objs(args, device):
@@ -168,7 +167,7 @@ def torchrun_env():
             int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]))
 
 
-@record_errors  # a crashing rank's traceback goes to torchrun's error file and summary
+@record_errors  # a crashing rank's error goes to torchrun's error file and summary
 @exit_cleanly_on_course_error
 def main(argv=None):
     parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.train_ddp", description=__doc__)
