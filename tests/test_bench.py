@@ -1,0 +1,139 @@
+"""The benchmark command runs in quick mode and reports every figure, complete and sane.
+
+Speed itself is measured by ``python -m workshop_lib.bench``, not asserted here: these
+tests check that the figures exist, are finite and positive where they must be, follow
+from the raw timings, and that the printed table shows what the JSON holds.
+"""
+import json
+import math
+
+import pytest
+
+from conftest import run_course_command
+from workshop_lib import bench
+
+
+def stats_are_sane(stats, positive=True):
+    numbers = (stats["median"], stats["min"], stats["max"])
+    assert all(math.isfinite(x) for x in numbers), stats
+    assert stats["min"] <= stats["median"] <= stats["max"], stats
+    assert stats["n"] >= 3, stats
+    if positive:
+        assert stats["min"] > 0, stats
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    result = run_course_command(["-m", "workshop_lib.bench", "--quick", "--out", str(out)],
+                                timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text()), result.stdout
+
+
+def test_scaling_covers_every_world_size_in_both_modes(quick_bench):
+    report, _ = quick_bench
+    world_sizes = report["setup"]["world_sizes"]
+    assert world_sizes == [1, 2]
+    configs = [c["name"] for c in report["setup"]["configs"]]
+    assert configs == ["course", "scaling"]
+    seen = {(r["config"], r["mode"], r["world_size"]) for r in report["scaling"]}
+    assert seen == {(c, m, w) for c in configs for m in ("weak", "strong") for w in world_sizes}
+    for row in report["scaling"]:
+        for key in ("samples_per_s", "speedup", "efficiency"):
+            stats_are_sane(row[key])
+        assert row["global_batch_size"] == row["batch_size"] * row["world_size"]
+        if row["world_size"] == 1:
+            assert row["speedup"]["median"] == pytest.approx(1.0)
+            assert row["predicted_efficiency"] is None
+        elif row["mode"] == "weak":
+            assert 0 < row["predicted_efficiency"] <= 1
+        # Efficiency is the speed-up shared out over the processes.
+        assert row["efficiency"]["median"] == pytest.approx(
+            row["speedup"]["median"] / row["world_size"])
+    # Strong scaling keeps the global batch; weak scaling keeps the per-process one.
+    for config in configs:
+        rows = [r for r in report["scaling"] if r["config"] == config]
+        assert len({r["global_batch_size"] for r in rows if r["mode"] == "strong"}) == 1
+        assert len({r["batch_size"] for r in rows if r["mode"] == "weak"}) == 1
+
+
+def test_loop_overhead_and_data_path_are_positive_ratios(quick_bench):
+    report, _ = quick_bench
+    assert [r["config"] for r in report["loop_overhead"]] == ["course", "scaling"]
+    for row in report["loop_overhead"]:
+        for key in ("library_samples_per_s", "bare_samples_per_s", "ratio",
+                    "ratio_by_cpu_time", "on_cpu_share"):
+            stats_are_sane(row[key])
+        assert row["on_cpu_share"]["max"] <= 1.1  # one thread: CPU time cannot exceed wall
+    path = report["data_path"]
+    assert path["workers"] >= 1 and path["worker_startup_s"] > 0
+    assert [r["what"] for r in path["rows"]] == ["train", "load"]
+    for row in path["rows"]:
+        for key in ("tensor_loader_samples_per_s", "data_loader_samples_per_s", "ratio"):
+            stats_are_sane(row[key])
+
+
+def test_allreduce_bandwidth_rises_with_message_size(quick_bench):
+    report, _ = quick_bench
+    sweep = report["communication"]["allreduce"]["2"]
+    sizes = [r["bytes"] for r in sweep]
+    assert sizes[0] == 1024 and sizes == sorted(sizes) and len(sizes) >= 6
+    for row in sweep:
+        stats_are_sane(row["seconds"])
+        stats_are_sane(row["bus_bandwidth_gb_s"])
+    bandwidth = [r["bus_bandwidth_gb_s"]["median"] for r in sweep]
+    # Small messages pay a fixed latency, large ones approach the link's bandwidth. Noise
+    # from other work on the machine may swap neighbours, never the two ends.
+    assert bandwidth[-1] > 10 * bandwidth[0]
+    half = len(bandwidth) // 2
+    assert sorted(bandwidth[half:])[len(bandwidth[half:]) // 2] > max(bandwidth[:half])
+
+
+def test_exposed_communication_against_the_floor(quick_bench):
+    report, _ = quick_bench
+    rows = report["communication"]["exposed"]
+    assert [r["config"] for r in rows] == ["course", "scaling"]
+    sweep = report["communication"]["allreduce"]["2"]
+    for row in rows:
+        stats_are_sane(row["ddp_step_s"])
+        stats_are_sane(row["no_sync_step_s"])
+        stats_are_sane(row["exposed_s"], positive=False)  # noise can make it negative
+        stats_are_sane(row["no_sync_efficiency"])
+        assert row["gradient_bytes"] == 4 * row["parameters"]
+        # The floor is the formula applied to the measured bandwidth at the gradients' size.
+        bandwidth = bench.bus_bandwidth_at(sweep, row["gradient_bytes"])
+        assert row["bus_bandwidth_gb_s"] == pytest.approx(bandwidth)
+        assert row["floor_s"] == pytest.approx(row["gradient_bytes"] / (bandwidth * 1e9))
+
+
+def test_table_shows_the_json_figures(quick_bench):
+    report, stdout = quick_bench
+    # The printed table is the JSON, formatted: every figure appears in both.
+    assert bench.format_report(report) in stdout
+    lines = stdout.splitlines()
+    for row in report["scaling"]:
+        cells = [row["config"], row["mode"], bench.format_stats(row["samples_per_s"], ",.0f"),
+                 bench.format_stats(row["efficiency"], ".2f")]
+        assert any(all(c in line for c in cells) for line in lines), cells
+    for row in report["loop_overhead"]:
+        assert bench.format_stats(row["ratio"], ".3f") in stdout
+    for row in report["communication"]["allreduce"]["2"]:
+        assert bench.format_stats(row["bus_bandwidth_gb_s"], ".3f") in stdout
+    assert "wrote" in stdout
+
+
+def test_interpolated_bandwidth_and_floor():
+    rows = [{"bytes": 1024, "bus_bandwidth_gb_s": {"median": 0.01}},
+            {"bytes": 4096, "bus_bandwidth_gb_s": {"median": 0.04}}]
+    assert bench.bus_bandwidth_at(rows, 2048) == pytest.approx(0.02)  # log-log midpoint
+    assert bench.bus_bandwidth_at(rows, 10) == 0.01
+    assert bench.bus_bandwidth_at(rows, 10**9) == 0.04
+    # Ring all-reduce: each of N ranks moves 2(N-1)/N of the bytes.
+    assert bench.allreduce_floor_s(4, 1e9, 1.0) == pytest.approx(1.5)
+    assert bench.allreduce_floor_s(2, 1e9, 1.0) == pytest.approx(1.0)
+
+
+def test_per_round_ratios_pair_runs_of_the_same_round():
+    assert bench.per_round([2, 4, 9], [1, 4, 3]) == {"median": 2, "min": 1, "max": 3, "n": 3}
+    assert bench.summary([3, 1, 2]) == {"median": 2, "min": 1, "max": 3, "n": 3}
