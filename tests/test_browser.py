@@ -1,0 +1,539 @@
+"""The course in JupyterLab, in a real browser: what learners and instructors click.
+
+JupyterLab is started with the command ``make lab`` runs (read from ``make -n lab``, so a
+change to the Makefile is tested too) and driven in Debian's Chromium by Playwright:
+
+- the course's own settings apply: no news prompt, no update check, no extension manager;
+- notebook 01: the batch-size slider redraws the SGD plot;
+- notebook 02: a ``%%bash torchrun`` cell prints every rank's start-up line and the final
+  ``done:`` line, while the GPU dashboard (jupyterlab-nvdashboard) keeps streaming;
+- the assessment: a learner's notebook has nbgrader's *Validate* button, and the
+  instructor's formgrader lists the assignment.
+
+Every step saves a screenshot in ``build/browser-screenshots/`` (CI keeps them); a failing
+test saves one of the page as it was. The notebooks are opened from copies in a scratch
+folder under ``build/``, so that running them (and JupyterLab's autosave) never touches the
+committed notebooks, and the formgrader manages a copy of ``assessment/``.
+
+Chromium is Debian's (``apt-get install chromium``; ``.ci/run`` installs it). Without it the
+module is skipped, except under CI, where that is a failure.
+"""
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import REPO, free_port
+
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the chromium_path fixture skips the tests, or under CI fails them
+    PlaywrightTimeoutError = sync_playwright = None
+
+CHROMIUM = Path("/usr/bin/chromium")
+# --disable-background-networking and --disable-component-update: without them Chromium
+# opens connections to Google's services at start-up, which a closed network refuses.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic"]
+SCREENSHOTS = REPO / "build" / "browser-screenshots"
+VIEWPORT = {"width": 1400, "height": 900}
+# Generous: on a busy 2-core CI machine a kernel takes 10-20 s to start, a torchrun cell
+# 30-60 s.
+SERVER_START_S = 120
+KERNEL_START_S = 120
+CELL_S = 300
+# Without the course's settings JupyterLab's news prompt appears 1-2 s after the page has
+# loaded; waiting this long and seeing none shows the settings work.
+NEWS_PROMPT_WAIT_S = 6
+
+
+@pytest.fixture(scope="module")
+def chromium_path():
+    missing = []
+    if not CHROMIUM.exists():
+        missing.append(f"Debian's Chromium at {CHROMIUM} (apt-get install -y chromium)")
+    if sync_playwright is None:
+        missing.append("playwright-python (`make setup` installs it)")
+    if missing:
+        reason = f"browser tests need {' and '.join(missing)}"
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI, {reason}")
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+class Screenshots:
+    """Numbered screenshots in build/browser-screenshots, with an index of what each shows."""
+
+    def __init__(self, folder):
+        self.folder, self.count = folder, 0
+        shutil.rmtree(folder, ignore_errors=True)  # screenshots of an earlier run mislead
+        folder.mkdir(parents=True)
+
+    def take(self, page, name, description):
+        self.count += 1
+        path = self.folder / f"{self.count:02d}-{name}.png"
+        page.screenshot(path=str(path))
+        with open(self.folder / "index.txt", "a") as index:
+            index.write(f"{path.name}: {description}\n")
+        return path
+
+
+@pytest.fixture(scope="module")
+def screenshots(chromium_path):
+    return Screenshots(SCREENSHOTS)
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    """Copies of what the tests open, inside the server's root (the repository) but in the
+    git-ignored build/ folder: notebooks 01 and 02, and the assessment course folder (the
+    instructor's files; a learner opens its release/ notebook)."""
+    (REPO / "build").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="browser-tests-", dir=REPO / "build"))
+    (folder / "notebooks").mkdir()
+    for name in ("01_sgd_and_batch_size.ipynb", "02_from_one_gpu_to_many.ipynb"):
+        shutil.copy(REPO / "notebooks" / name, folder / "notebooks" / name)
+    shutil.copytree(REPO / "assessment", folder / "assessment", ignore=shutil.ignore_patterns(
+        "gradebook.db", "submitted", "autograded", "feedback", "grades.csv", "*.log",
+        "runs", "grading_run", "train_digits*.py", "__pycache__", ".ipynb_checkpoints"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def make_lab_command(port, lab_args):
+    """The command `make lab` runs to start JupyterLab, for this Python's environment."""
+    dry_run = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-s", "lab", f"VENV={sys.prefix}",
+         f"PORT={port}", f"LAB_ARGS={shlex.join(lab_args)}"],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout
+    commands = dry_run.replace("\\\n", " ").splitlines()
+    return next(command for command in commands if "/jupyter lab " in command)
+
+
+def http_get(url, token):
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read() or b"null")
+
+
+def http(method, url, token):
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None,
+                                     headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+class JupyterLab:
+    def __init__(self, url, token, process, log_path):
+        self.url, self.token, self.process, self.log_path = url, token, process, log_path
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def api(self, path):
+        return http_get(f"{self.url}/{path}", self.token)
+
+    def stop(self):
+        """Shut the kernels down, then the server; kill what is left."""
+        try:
+            for session in self.api("api/sessions"):
+                http("DELETE", f"{self.url}/api/sessions/{session['id']}", self.token)
+            http("POST", f"{self.url}/api/shutdown", self.token)
+            self.process.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.process.poll() is not None:
+                break
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture(scope="module")
+def jupyter_lab(chromium_path, scratch, tmp_path_factory):
+    """JupyterLab as `make lab` starts it, on a free port of 127.0.0.1, with a token.
+
+    The user's own Jupyter folders are replaced by empty ones (settings, workspaces, kernel
+    connection files), so that only the course's configuration applies and nothing is
+    written to the home folder.
+    """
+    home = tmp_path_factory.mktemp("jupyter-home")
+    env = {**os.environ,
+           "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "IPYTHONDIR": str(home / "ipython"),
+           "WORKSHOP_ASSESSMENT_DIR": str(scratch / "assessment")}
+    port, token = free_port(), secrets.token_hex(16)
+    command = make_lab_command(port, [
+        "--no-browser", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+        # window.jupyterapp: the tests run JupyterLab's own commands (run a cell...).
+        "--LabApp.expose_app_in_browser=True"])
+    log_path = home / "jupyter-lab.log"
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(["bash", "-c", command], cwd=REPO, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    lab = JupyterLab(f"http://127.0.0.1:{port}", token, process, log_path)
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"JupyterLab exited ({process.returncode}):\n{lab.log()[-3000:]}")
+            if time.monotonic() - start > SERVER_START_S:
+                pytest.fail(f"JupyterLab not ready after {SERVER_START_S} s:\n{lab.log()[-3000:]}")
+            try:
+                lab.api("api/status")
+                break
+            except OSError:
+                time.sleep(0.25)
+        lab.ready_s = time.monotonic() - start
+        print(f"\nJupyterLab server ready after {lab.ready_s:.1f} s: {command}")
+        yield lab
+    finally:
+        lab.stop()
+    print(f"JupyterLab's log:\n{lab.log()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_path):
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(chromium_path),
+                                              args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def lab_page(browser, jupyter_lab, screenshots, request):
+    """A fresh browser page; its console errors are printed, and a screenshot is saved if
+    the test fails."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    console_errors = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    failed_before = request.session.testsfailed
+    yield LabPage(page, jupyter_lab, workspace=request.node.name)
+    if request.session.testsfailed > failed_before:
+        screenshots.take(page, f"FAILED-{request.node.name}", f"{request.node.name} failed here")
+    if console_errors:
+        print("browser console errors:\n" + "\n".join(console_errors[-20:]))
+    context.close()
+
+
+class LabPage:
+    """One JupyterLab page and the few things the tests do in it, through JupyterLab's own
+    commands and the page's elements."""
+
+    def __init__(self, page, lab, workspace):
+        self.page, self.lab, self.workspace = page, lab, workspace
+        # The notebook panel with a given id, for the scripts below: tests keep the id of
+        # the notebook they opened, since other tabs (a dashboard) may become current.
+        page.add_init_script("""window.panelById = (id) =>
+            Array.from(window.jupyterapp.shell.widgets("main")).find((w) => w.id === id);""")
+
+    def goto(self, tree_path=""):
+        """Open JupyterLab (on ``tree_path``) in a workspace of its own: no tabs restored
+        from another test."""
+        path = f"/tree/{tree_path}" if tree_path else ""
+        self.page.goto(f"{self.lab.url}/lab/workspaces/{self.workspace}{path}"
+                       f"?token={self.lab.token}")
+        self.page.wait_for_function("window.jupyterapp && window.jupyterapp.commands"
+                                    " && document.querySelector('#jp-main-dock-panel')",
+                                    timeout=KERNEL_START_S * 1000)
+
+    def open_notebook(self, path):
+        """Open a notebook as a learner would (its URL); wait until its kernel is idle."""
+        start = time.monotonic()
+        self.goto(path)
+        self.page.wait_for_function(
+            """(name) => {
+                const panel = window.jupyterapp.shell.currentWidget;
+                const kernel = panel && panel.sessionContext && panel.context.path.endsWith(name)
+                    && panel.sessionContext.session && panel.sessionContext.session.kernel;
+                return kernel && kernel.status === "idle";
+            }""", arg=Path(path).name, timeout=KERNEL_START_S * 1000)
+        print(f"{path}: open with an idle kernel after {time.monotonic() - start:.1f} s")
+        return self.page.evaluate("window.jupyterapp.shell.currentWidget.id")
+
+    def run_cells(self, panel_id, indices):
+        """Run cells of the notebook panel, in order, as its Run button on each would; does
+        not wait for them to finish."""
+        self.page.evaluate(
+            """([panelId, indices]) => {
+                const app = window.jupyterapp;
+                const panel = window.panelById(panelId);
+                app.shell.activateById(panelId);
+                (async () => {
+                    for (const index of indices) {
+                        panel.content.activeCellIndex = index;
+                        await app.commands.execute("notebook:run-cell");
+                    }
+                })();
+            }""", [panel_id, list(indices)])
+
+    def cell_output_text(self, panel_id, index):
+        return self.page.evaluate(
+            """([panelId, index]) => {
+                const panel = window.panelById(panelId);
+                const cell = panel.content.widgets[index].node;
+                const area = cell.querySelector(".jp-Cell-outputArea");
+                return area ? area.textContent : "";
+            }""", [panel_id, index])
+
+    def wait_for_output(self, panel_id, index, pattern, timeout_s=CELL_S):
+        """Wait until the cell's output, as shown in the page, matches the regex."""
+        try:
+            self.page.wait_for_function(
+                """([panelId, index, pattern]) => {
+                    const panel = window.panelById(panelId);
+                    const area = panel.content.widgets[index].node
+                        .querySelector(".jp-Cell-outputArea");
+                    return area && new RegExp(pattern, "m").test(area.textContent);
+                }""", arg=[panel_id, index, pattern], timeout=timeout_s * 1000)
+        except PlaywrightTimeoutError:
+            pytest.fail(f"cell {index} shows no /{pattern}/ after {timeout_s} s; its output:\n"
+                        f"{self.cell_output_text(panel_id, index)[-3000:]}")
+        return self.cell_output_text(panel_id, index)
+
+    def wait_for_kernel(self, panel_id, status, timeout_s=CELL_S):
+        self.page.wait_for_function(
+            """([panelId, status]) => {
+                const panel = window.panelById(panelId);
+                return panel.sessionContext.session.kernel.status === status;
+            }""", arg=[panel_id, status], timeout=timeout_s * 1000)
+
+    def scroll_to_cell(self, panel_id, index):
+        self.page.evaluate(
+            """([panelId, index]) => {
+                const panel = window.panelById(panelId);
+                panel.content.widgets[index].node.scrollIntoView({block: "start"});
+            }""", [panel_id, index])
+
+
+def cell_index(notebook_path, predicate):
+    cells = nbformat.read(notebook_path, as_version=4).cells
+    return next(i for i, cell in enumerate(cells) if predicate(cell))
+
+
+def is_parameters(cell):
+    return "parameters" in cell.metadata.get("tags", [])
+
+
+def calls_setup(cell):
+    return "notebook.setup(" in cell.source
+
+
+def test_course_opens_with_its_settings_and_no_first_run_noise(lab_page, screenshots):
+    page = lab_page.page
+    start = time.monotonic()
+    page.goto(f"{lab_page.lab.url}/?token={lab_page.lab.token}")
+    page.get_by_text("00_welcome.ipynb").wait_for(timeout=KERNEL_START_S * 1000)
+    print(f"JupyterLab page ready (file browser listing notebooks/) "
+          f"{time.monotonic() - start:.1f} s after opening its address; the server took "
+          f"{lab_page.lab.ready_s:.1f} s to start")
+    assert page.url.endswith("/lab/tree/notebooks"), "make lab opens on the notebooks"
+
+    # Server side (jupyter_server_config.py): no news feed, no update check, and an
+    # extension manager that lists but never installs.
+    config = json.loads(page.locator("#jupyter-config-data").text_content())
+    assert config["news"] == {"disabled": True}
+    assert config["extensionManager"]["name"] == "read-only"
+    assert not config["extensionManager"]["can_install"]
+    # Front end (overrides.json5): the settings' defaults are the course's.
+    defaults = page.evaluate("""async () => {
+        const settings = window.jupyterapp.serviceManager.settings;
+        const notification = await settings.fetch("@jupyterlab/apputils-extension:notification");
+        const extensions = await settings.fetch("@jupyterlab/extensionmanager-extension:plugin");
+        return {fetchNews: notification.schema.properties.fetchNews.default,
+                checkForUpdates: notification.schema.properties.checkForUpdates.default,
+                extensionManager: extensions.schema.properties.enabled.default};
+    }""")
+    assert defaults == {"fetchNews": "false", "checkForUpdates": False,
+                        "extensionManager": False}
+
+    page.wait_for_timeout(NEWS_PROMPT_WAIT_S * 1000)
+    toasts = page.locator(".Toastify__toast").all_inner_texts()
+    assert toasts == [], f"first-run pop-ups: {toasts}"
+    screenshots.take(page, "course-opens", "make lab's JupyterLab: the file browser on "
+                     "notebooks/, no news prompt or other pop-up; the GPU Dashboards and "
+                     "nbgrader entries in the side bars and menu")
+
+
+def test_batch_size_slider_redraws_the_sgd_plot(lab_page, scratch, screenshots):
+    notebook = scratch / "notebooks" / "01_sgd_and_batch_size.ipynb"
+    widget_cell = cell_index(notebook, lambda cell: "widgets.BatchSizeExplorer(" in cell.source)
+    page = lab_page.page
+    panel_id = lab_page.open_notebook(notebook.relative_to(REPO).as_posix())
+    # Every cell up to the widget's, as a learner who reads down to it.
+    lab_page.run_cells(panel_id, range(widget_cell + 1))
+
+    explorer = page.locator(f"[id='{panel_id}'] .jp-OutputArea-output .widget-vbox").first
+    image = explorer.locator(".widget-image")
+    image.wait_for(timeout=CELL_S * 1000)
+    # The plots above the widget are matplotlib figures shown inline.
+    assert page.locator(f"[id='{panel_id}'] .jp-RenderedImage img").count() >= 1
+    slider = explorer.locator(".widget-slider", has_text="batch size")
+    readout, summary = slider.locator(".widget-readout"), explorer.locator(".widget-html")
+    before = {"batch": readout.inner_text(), "summary": summary.inner_text(),
+              "image_src": image.get_attribute("src"), "png": image_sha256(page, image)}
+    lab_page.scroll_to_cell(panel_id, widget_cell)
+    screenshots.take(page, "slider-before", f"notebook 01's batch-size explorer as first drawn "
+                     f"(batch size {before['batch']}): sliders, summary, SGD paths and losses")
+
+    # Drag the batch-size handle three quarters of the way along its track, as a learner
+    # would (the slider reports its value when released).
+    handle, track = slider.locator(".noUi-handle"), slider.locator(".noUi-base")
+    handle_box, track_box = handle.bounding_box(), track.bounding_box()
+    y = handle_box["y"] + handle_box["height"] / 2
+    page.mouse.move(handle_box["x"] + handle_box["width"] / 2, y)
+    page.mouse.down()
+    page.mouse.move(track_box["x"] + 0.75 * track_box["width"], y, steps=8)
+    page.mouse.up()
+    after_batch = readout.inner_text()
+    assert after_batch != before["batch"], "the drag moved the slider"
+
+    # The kernel reruns the toy and sends a new plot: the image element gets new content.
+    try:
+        page.wait_for_function("([image, old]) => image.src && image.src !== old",
+                               arg=[image.element_handle(), before["image_src"]],
+                               timeout=60_000)
+    except PlaywrightTimeoutError:
+        pytest.fail(f"no new plot within 60 s of moving the slider to {after_batch}")
+    after_summary = summary.inner_text()
+    assert after_summary != before["summary"]
+    assert re.search(rf"\bbatch {after_batch}\b|full batch \({after_batch}\)", after_summary), (
+        f"the summary describes the chosen batch size {after_batch}: {after_summary}")
+    assert image_sha256(page, image) != before["png"], "the plot's pixels changed"
+    screenshots.take(page, "slider-after", f"the same explorer after dragging the batch-size "
+                     f"slider to {after_batch}: the kernel redrew the plot and the summary")
+
+
+def image_sha256(page, image):
+    """SHA-256 of the image the element shows (ipywidgets serves it as a blob: URL)."""
+    return page.evaluate("""async (image) => {
+        const bytes = await (await fetch(image.src)).arrayBuffer();
+        const digest = await crypto.subtle.digest("SHA-256", bytes);
+        return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+    }""", image.element_handle())
+
+
+def open_dashboard_beside(lab_page, panel_id, chart):
+    """Open one of jupyterlab-nvdashboard's charts from its side panel, as notebook 00 tells
+    learners to, and put it to the right of the notebook."""
+    page = lab_page.page
+    page.locator(".jp-SideBar .lm-TabBar-tab[title='GPU Dashboards']").click()
+    page.get_by_role("button", name=chart, exact=True).click()
+    page.wait_for_function("(title) => window.jupyterapp.shell.currentWidget.title.label === title",
+                           arg=chart, timeout=30_000)
+    page.evaluate("""(panelId) => {
+        const shell = window.jupyterapp.shell;
+        shell.add(shell.currentWidget, "main", {mode: "split-right", ref: panelId});
+        shell.collapseLeft();
+    }""", panel_id)
+
+
+def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, scratch,
+                                                                    screenshots):
+    notebook = scratch / "notebooks" / "02_from_one_gpu_to_many.ipynb"
+    first_cells = [cell_index(notebook, is_parameters), cell_index(notebook, calls_setup)]
+    torchrun_cell = cell_index(notebook, lambda cell: cell.source.startswith("%%bash")
+                               and "torchrun" in cell.source and "workshop_lib.train_ddp"
+                               in cell.source)
+    page = lab_page.page
+    dashboard_updates = []  # the nvdashboard stream of each message the page received
+    page.on("websocket", lambda socket: socket.on(
+        "framereceived", lambda _: dashboard_updates.append(socket.url.rsplit("/", 1)[-1]))
+        if "/nvdashboard/" in socket.url else None)
+
+    panel_id = lab_page.open_notebook(notebook.relative_to(REPO).as_posix())
+    # The GPU view loads with or without GPUs; with none, its CPU chart stands in.
+    gpus = lab_page.lab.api("nvdashboard/accelerators/check")["ngpus"]
+    chart, stream = (("GPU Utilization", "gpu_utilization") if gpus
+                     else ("Machine Resources", "cpu_resource"))
+    print(f"jupyterlab-nvdashboard sees {gpus} GPU(s); watching {chart}")
+    open_dashboard_beside(lab_page, panel_id, chart)
+
+    lab_page.run_cells(panel_id, first_cells)
+    lab_page.wait_for_output(panel_id, first_cells[-1], r"^profile ")
+    lab_page.wait_for_kernel(panel_id, "idle")
+    lab_page.run_cells(panel_id, [torchrun_cell])
+    start = time.monotonic()
+    lab_page.wait_for_kernel(panel_id, "busy", timeout_s=30)
+    updates_at_start = dashboard_updates.count(stream)
+    lab_page.wait_for_output(panel_id, torchrun_cell, r"\[rank 0/\d+\]")
+    lab_page.scroll_to_cell(panel_id, torchrun_cell)
+    screenshots.take(page, "torchrun-running", f"notebook 02's torchrun cell while it runs "
+                     f"(kernel busy), the nvdashboard {chart} chart updating beside it")
+    output = lab_page.wait_for_output(panel_id, torchrun_cell, r"^done: ")
+    lab_page.wait_for_kernel(panel_id, "idle", timeout_s=60)
+    print(f"torchrun cell: {time.monotonic() - start:.1f} s")
+    updates_during = dashboard_updates.count(stream) - updates_at_start
+
+    tags = re.findall(r"\[rank (\d+)/(\d+)\] \w+ samples=\d+", output)
+    world_sizes = {int(size) for _, size in tags}
+    assert len(world_sizes) == 1, f"one world size in the rank tags: {tags}"
+    assert sorted(int(rank) for rank, _ in tags) == list(range(world_sizes.pop())), (
+        f"one start-up line per rank:\n{output}")
+    assert re.search(r"^done: \d+ epochs done; val_acc=", output, re.M), output
+    assert "CalledProcessError" not in output
+    assert updates_during >= 5, (
+        f"the {chart} chart kept updating while the cell ran: {updates_during} updates")
+    lab_page.scroll_to_cell(panel_id, torchrun_cell)
+    page.wait_for_timeout(500)
+    screenshots.take(page, "torchrun-done", f"the torchrun cell finished: one [rank r/N] "
+                     f"line per process, the per-epoch table, the final done: line; "
+                     f"{updates_during} dashboard updates arrived while it ran")
+
+
+def test_learner_sees_the_validate_button(lab_page, scratch, screenshots):
+    notebook = scratch / "assessment" / "release" / "ddp_refactor" / "ddp_refactor.ipynb"
+    panel_id = lab_page.open_notebook(notebook.relative_to(REPO).as_posix())
+    validate = lab_page.page.locator(f"[id='{panel_id}'] .jp-Toolbar .validate-button")
+    validate.wait_for(timeout=30_000)
+    assert validate.inner_text().strip() == "Validate"
+    assert validate.is_enabled()
+    screenshots.take(lab_page.page, "learner-validate", "the assessment notebook as a learner "
+                     "opens it (release/ copy): nbgrader's Validate button in the toolbar")
+
+
+def test_instructor_opens_the_formgrader(lab_page, scratch, screenshots):
+    course = scratch / "assessment"
+    # Without the course's nbgrader settings the formgrader would take the repository for
+    # its course folder and write a gradebook.db into it.
+    assert (Path(sys.prefix) / "etc" / "jupyter" / "nbgrader_config.py").exists(), (
+        "the course's nbgrader settings are not installed in this environment: make setup")
+    repo_gradebook = REPO / "assessment" / "gradebook.db"
+    repo_gradebook_before = repo_gradebook.stat().st_mtime if repo_gradebook.exists() else None
+    page = lab_page.page
+    lab_page.goto()
+    page.wait_for_function("window.jupyterapp.commands.hasCommand('nbgrader:open-formgrader')",
+                           timeout=60_000)
+    # The Nbgrader > Formgrader menu entry runs this command.
+    page.evaluate("window.jupyterapp.commands.execute('nbgrader:open-formgrader')")
+    formgrader = page.frame_locator("iframe[src*='formgrader']")
+    formgrader.get_by_role("heading", name="Manage Assignments").wait_for(timeout=60_000)
+    assignments = sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
+    for name in assignments:
+        formgrader.get_by_role("link", name=name, exact=True).wait_for(timeout=60_000)
+    screenshots.take(page, "instructor-formgrader", f"the formgrader (Nbgrader > Formgrader) "
+                     f"for the instructor: Manage Assignments lists {', '.join(assignments)}")
+    # It manages the course folder the course's nbgrader settings name: the copy here.
+    assert (course / "gradebook.db").exists()
+    repo_gradebook_after = repo_gradebook.stat().st_mtime if repo_gradebook.exists() else None
+    assert repo_gradebook_after == repo_gradebook_before, "the repository's assessment/ untouched"
