@@ -14,15 +14,23 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard jupyter/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+# The course's JupyterLab, server and nbgrader settings (jupyter/) go into the environment,
+# never into the user's home.
+	install -D -m 644 jupyter/overrides.json5 $(VENV)/share/jupyter/lab/settings/overrides.d/ddp-workshop.json5
+	install -D -m 644 jupyter/jupyter_server_config.py $(VENV)/etc/jupyter/jupyter_server_config.py
+	install -D -m 644 jupyter/nbgrader_config.py $(VENV)/etc/jupyter/nbgrader_config.py
 	touch $@
 
+# Serves the repository (notebooks/, assessment/, the library's source), opened on notebooks/.
+# LAB_ARGS adds JupyterLab flags, e.g. on a remote workstation: make lab LAB_ARGS=--no-browser
 lab: setup
 	$(BIN)/python -m workshop_lib doctor
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --port=$(PORT) $(ROOT_FLAG) notebooks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --port=$(PORT) $(ROOT_FLAG) \
+	  --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
 
 # Executed copies of every notebook, as HTML, in build/html (profile auto: this machine's).
 html: setup
@@ -34,14 +42,14 @@ html: setup
 	$(BIN)/jupyter nbconvert --to html --output-dir build/html build/executed/*.ipynb
 
 test: setup
-	$(BIN)/ruff check workshop_lib tests
+	$(BIN)/ruff check workshop_lib tests assessment jupyter
 	$(BIN)/python -m pytest
 
 doctor: setup
 	$(BIN)/python -m workshop_lib doctor
 
 lint: setup
-	$(BIN)/ruff check workshop_lib tests
+	$(BIN)/ruff check workshop_lib tests assessment jupyter
 
 clean:
 	rm -rf $(VENV) runs notebooks/runs .pytest_cache

@@ -102,8 +102,10 @@ def fit(args, device):
     train_loader = faults.inject(train_loader, args.inject_fault, 0,
                                  steps_done=(start_epoch - 1) * len(train_loader))
 
-    print(f"[{device}] samples={len(train_sampler)} steps={len(train_loader)} threads={threads}",
-          flush=True)
+    # One write per line (end="" with the newline inside), so that lines from processes
+    # sharing a terminal never run into each other.
+    print(f"[{device}] samples={len(train_sampler)} steps={len(train_loader)} "
+          f"threads={threads}\n", end="", flush=True)
     log = runlog.RunLog(args.out, append=start_epoch > 1)
     log.start("train", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),

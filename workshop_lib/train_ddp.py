@@ -113,8 +113,10 @@ def fit(args, device, rank, world_size, local_world_size):
     train_loader = faults.inject(train_loader, args.inject_fault, rank,
                                  steps_done=(start_epoch - 1) * len(train_loader))
 
+    # One write per line (end="" with the newline inside), so that lines from processes
+    # sharing a terminal never run into each other.
     print(f"[rank {rank}/{world_size}] {device} samples={len(train_sampler)} "
-          f"steps={len(train_loader)} threads={threads}", flush=True)
+          f"steps={len(train_loader)} threads={threads}\n", end="", flush=True)
     log = runlog.RunLog(args.out, enabled=is_rank0, append=start_epoch > 1)
     log.start("train_ddp", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),

@@ -22,12 +22,13 @@ class BatchSizeExplorer:
         self.problem, self.epochs, self.seed = problem, epochs, seed
         self.batch_size = ipywidgets.SelectionSlider(
             options=batch_size_choices(problem.n_samples), value=batch_size,
-            description="batch size", continuous_update=False)
+            description="batch size", continuous_update=False,
+            style={"description_width": "initial"})
         # Up to twice the full-batch stability limit, so that divergence can be seen.
         self.lr = ipywidgets.FloatLogSlider(
             value=lr, base=10, min=-3, max=float(np.log10(2 * problem.max_stable_lr())),
             step=0.05, description="learning rate", readout_format=".3f",
-            continuous_update=False)
+            continuous_update=False, style={"description_width": "initial"})
         self.summary = ipywidgets.HTML()
         self.image = ipywidgets.Image(format="png")
         self.plot = sgd_toy.LossLandscapePlot(problem, figure=Figure(figsize=(11, 4.2),
