@@ -100,6 +100,8 @@ def test_exposed_communication_against_the_floor(quick_bench):
         stats_are_sane(row["no_sync_step_s"])
         stats_are_sane(row["exposed_s"], positive=False)  # noise can make it negative
         stats_are_sane(row["no_sync_efficiency"])
+        stats_are_sane(row["no_buffer_sync_step_s"])
+        stats_are_sane(row["no_buffer_sync_speedup"])
         assert row["gradient_bytes"] == 4 * row["parameters"]
         # The floor is the formula applied to the measured bandwidth at the gradients' size.
         bandwidth = bench.bus_bandwidth_at(sweep, row["gradient_bytes"])

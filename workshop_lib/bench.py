@@ -2,7 +2,7 @@
 
     python -m workshop_lib.bench --out runs/bench.json
     python -m workshop_lib.bench --quick                # a smoke run (tests use it)
-    python -m workshop_lib.bench --batch-size 256 --width 64   # scale another step
+    python -m workshop_lib.bench --batch-size 128 --width 64   # scale another step
 
 One command measures, side by side, and prints a table (``--out`` gets the same figures
 as JSON):
@@ -88,7 +88,7 @@ class Plan:
     world_sizes: tuple
     dataset: str
     data_dir: str
-    train_samples: int       # the first this many training samples; 0: all of them
+    epoch_samples: int       # samples per epoch where a window is whole epochs; 0: all
     configs: tuple
     rounds: int
     window_s: float          # the length of one timed window
@@ -100,21 +100,23 @@ class Plan:
     timeout_s: float
 
 
-def default_configs(device_type, model=None, batch_size=None, width=None):
+def default_configs(device_type, model=None, batch_size=None, width=None, quick=False):
     """The course's own step (the profile's model and batch) and a step sized to scale.
 
-    On a CPU the course's step (SmallCNN, batch 32 per process) takes a few milliseconds,
-    so a fixed cost per step (the all-reduce, the Python around it) weighs heavily; the
-    second step keeps the model and takes batch 128 per process, which BENCHMARKS.md
-    shows is the smallest batch at which 2 processes on 2 cores reach their ceiling.
+    On a CPU the course's step (SmallCNN, batch 32 per process) takes ~8 ms, and DDP adds
+    ~5 ms of synchronisation to it, so it scales poorly. The second step keeps the model
+    and takes batch 512 per process: measured over 32..512 (BENCHMARKS.md), the smallest
+    power of two at which 2 one-thread processes on 2 cores reach 0.85 efficiency.
     On GPUs the second step is the original workshop's model, Wide ResNet 16-10 (17M
-    parameters), whose 68 MB of gradients make communication matter.
+    parameters) at batch 128, whose 68 MB of gradients make communication matter.
     """
     course = profile.get_profile("gpu" if device_type == "cuda" else "cpu")
     if device_type == "cuda":
         tuned = StepConfig("scaling", model or "wrn-16-10", batch_size or 128, width or 0)
     else:
-        tuned = StepConfig("scaling", model or "cnn", batch_size or 128, width or 0)
+        # --quick only checks that everything runs: a 4x cheaper step is enough for that.
+        tuned = StepConfig("scaling", model or "cnn", batch_size or (128 if quick else 512),
+                           width or 0)
     return (StepConfig("course", course.model, course.batch_size), tuned)
 
 
@@ -140,8 +142,9 @@ def make_plan(args, device):
         device_type=device.type, world_size=world_size, world_sizes=tuple(world_sizes),
         dataset=dataset, data_dir=str(args.data_dir),
         # Quick: short epochs, since a loop-overhead or data-path window is whole epochs.
-        train_samples=512 if args.quick else 0,
-        configs=default_configs(device.type, args.model, args.batch_size, args.width),
+        epoch_samples=512 if args.quick else 0,
+        configs=default_configs(device.type, args.model, args.batch_size, args.width,
+                                args.quick),
         rounds=args.rounds or (3 if args.quick else 7),
         window_s=0.05 if args.quick else 0.4,
         warmup_steps=2 if args.quick else 5,
@@ -189,14 +192,15 @@ def gradient_bytes(model):
 class ScalingRun:
     """One model trained by the first ``world_size`` ranks at one per-process batch."""
 
-    def __init__(self, bench, config, world_size, batch_size):
+    def __init__(self, bench, config, world_size, batch_size, ddp_options=None):
         self.config, self.world_size, self.batch_size = config, world_size, batch_size
         self.group = bench.group(world_size)
         device = bench.device
         model = config.build(bench.info).to(device)
         if world_size > 1:
+            # As train_ddp.py wraps it, unless ddp_options say otherwise.
             model = DDP(model, device_ids=[device] if device.type == "cuda" else None,
-                        process_group=self.group)
+                        process_group=self.group, **(ddp_options or {}))
         self.model = model
         self.optimizer = optim.build("sgd", model.parameters(), LR, MOMENTUM, WEIGHT_DECAY)
         if world_size > 1:
@@ -213,10 +217,6 @@ class ScalingRun:
         self.batches = endless(loader, sampler)
         self.steps = 0  # per window, set by calibrate()
 
-    @property
-    def key(self):
-        return run_key(self.config.name, self.world_size, self.batch_size)
-
 
 def run_key(config_name, world_size, batch_size, variant=None):
     key = f"{config_name}/{world_size}x{batch_size}"
@@ -227,9 +227,10 @@ class Bench:
     def __init__(self, rank, plan, device):
         self.rank, self.plan, self.device = rank, plan, device
         train_set, _, self.info = data.load(plan.dataset, plan.data_dir)
-        if plan.train_samples:
-            train_set = TensorDataset(*(t[:plan.train_samples] for t in train_set.tensors))
         self.train_set = train_set
+        # The data of the sections whose windows are whole epochs (loop overhead, data path).
+        self.epoch_set = train_set if not plan.epoch_samples else TensorDataset(
+            *(t[:plan.epoch_samples] for t in train_set.tensors))
         # Every rank creates every subgroup, in the same order (a collective call).
         self.groups = {w: dist.new_group(list(range(w))) for w in plan.world_sizes
                        if 1 < w < plan.world_size}
@@ -310,33 +311,43 @@ class Bench:
         run.steps = max(3, math.ceil(self.plan.window_s / step_s))
 
     def scaling(self):
+        """Every run's windows, interleaved. At N ranks the weak-scaling run is also timed
+        under no_sync (no gradient all-reduce), and beside it a run whose DDP does not
+        re-send BatchNorm's buffers from rank 0 before every forward."""
         plan, n = self.plan, self.plan.world_size
-        runs, measurements = {}, []
+        runs, measurements = {}, []  # measurements: (window key, run key, world size, no_sync)
+
+        def add_run(key, config, w, batch, ddp_options=None):
+            if self.rank < w:
+                run = ScalingRun(self, config, w, batch, ddp_options)
+                self.calibrate(run)
+                runs[key] = run
+
         for config in plan.configs:
             for w in plan.world_sizes:
-                weak, strong = config.batch_size, config.batch_size * n // w
-                for batch in sorted({weak, strong}):
-                    if self.rank < w:
-                        run = ScalingRun(self, config, w, batch)
-                        self.calibrate(run)
-                        runs[run.key] = run
-                    measurements.append((run_key(config.name, w, batch), w, "default"))
+                for batch in sorted({config.batch_size, config.batch_size * n // w}):
+                    key = run_key(config.name, w, batch)
+                    add_run(key, config, w, batch)
+                    measurements.append((f"{key}/default", key, w, False))
             if n > 1:
-                # The same run with its gradient all-reduce switched off: what DDP costs.
-                measurements.append((run_key(config.name, n, config.batch_size), n, "no_sync"))
+                key = run_key(config.name, n, config.batch_size)
+                measurements.append((f"{key}/no_sync", key, n, True))
+                add_run(f"{key}/no_buffer_sync", config, n, config.batch_size,
+                        {"forward_sync_buffers": False})
+                measurements.append((f"{key}/no_buffer_sync", f"{key}/no_buffer_sync", n, False))
             self.rendezvous()
         self.log(f"scaling: {len(measurements)} runs calibrated; {plan.rounds} rounds")
 
-        windows = {f"{key}/{variant}": [] for key, _, variant in measurements}
+        windows = {window: [] for window, *_ in measurements}
         for r in range(plan.rounds):
             # Rotate the order each round, so no run always follows the same neighbour.
             shift = r % len(measurements)
-            for key, w, variant in measurements[shift:] + measurements[:shift]:
+            for window, key, w, no_sync in measurements[shift:] + measurements[:shift]:
                 if self.rank < w:
-                    windows[f"{key}/{variant}"].append(
-                        self.window(runs[key], no_sync=variant == "no_sync"))
+                    windows[window].append(self.window(runs[key], no_sync=no_sync))
                 self.rendezvous()
-        steps = {key: run.steps for key, run in runs.items()}
+        # Rank 0 takes part in every run, so it knows every run's steps per window.
+        steps = {window: runs[key].steps for window, key, *_ in measurements if key in runs}
         parameters = {}
         for config in plan.configs:
             model = config.build(self.info)
@@ -352,7 +363,7 @@ class Bench:
         library_model = config.build(self.info).to(device)
         bare_model = copy.deepcopy(library_model)
         generator = torch.Generator().manual_seed(0)
-        loader = data.TensorLoader(self.train_set, b, RandomSampler(self.train_set,
+        loader = data.TensorLoader(self.epoch_set, b, RandomSampler(self.epoch_set,
                                    generator=generator), device)
         library_optimizer = optim.build("sgd", library_model.parameters(), LR, MOMENTUM,
                                         WEIGHT_DECAY)
@@ -362,7 +373,7 @@ class Bench:
         bare_optimizer = optim.build("sgd", bare_model.parameters(), LR, MOMENTUM, WEIGHT_DECAY)
         # The bare loop's data: one shuffled copy on the device, cut into the same batch
         # sizes once, outside the clock.
-        order = torch.randperm(len(self.train_set), generator=generator).to(device)
+        order = torch.randperm(len(self.epoch_set), generator=generator).to(device)
         bare_batches = list(zip(loader.x[order].split(b), loader.y[order].split(b),
                                 strict=True))
 
@@ -375,7 +386,7 @@ class Bench:
                 train_step(bare_model, bare_optimizer, x, y)
 
         loops = {"library": library_epoch, "bare": bare_epoch}
-        return self.interleaved_epochs(loops, samples_per_epoch=len(self.train_set))
+        return self.interleaved_epochs(loops, samples_per_epoch=len(self.epoch_set))
 
     def interleaved_epochs(self, loops, samples_per_epoch):
         """Time each of ``loops`` (one epoch per call), alternating, for ``rounds`` rounds."""
@@ -413,14 +424,14 @@ class Bench:
         model = config.build(self.info).to(device)
         optimizer = optim.build("sgd", model.parameters(), LR, MOMENTUM, WEIGHT_DECAY)
         tensor_loader = data.TensorLoader(
-            self.train_set, b,
-            RandomSampler(self.train_set, generator=torch.Generator().manual_seed(0)), device)
+            self.epoch_set, b,
+            RandomSampler(self.epoch_set, generator=torch.Generator().manual_seed(0)), device)
         # Workers forked, as a training script started by torchrun on Linux gets them (this
         # spawned process would default to spawn, whose workers import torch afresh).
         context = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() \
             else None
         data_loader = DataLoader(
-            self.train_set, b, shuffle=True, num_workers=workers,
+            self.epoch_set, b, shuffle=True, num_workers=workers,
             persistent_workers=workers > 0, pin_memory=device.type == "cuda",
             generator=torch.Generator().manual_seed(0), multiprocessing_context=context)
         start = time.perf_counter()
@@ -442,7 +453,7 @@ class Bench:
             "load/tensor_loader": lambda: load_only(tensor_loader),
             "load/data_loader": lambda: load_only(data_loader),
         }
-        timings = self.interleaved_epochs(loops, samples_per_epoch=len(self.train_set))
+        timings = self.interleaved_epochs(loops, samples_per_epoch=len(self.epoch_set))
         return {"timings": timings, "workers": workers, "worker_startup_s": startup_s}
 
     def run(self):
@@ -550,13 +561,12 @@ def analyse(raw, plan):
     windows, steps = raw["windows"], raw["steps"]
 
     def samples_per_s(config, w, batch, variant):
-        key = run_key(config.name, w, batch)
-        samples = steps[key] * batch * w
-        return [samples / s for s in windows[run_key(config.name, w, batch, variant)]]
+        window = run_key(config.name, w, batch, variant)
+        return [steps[window] * batch * w / s for s in windows[window]]
 
     def step_s(config, w, batch, variant):
-        key = run_key(config.name, w, batch)
-        return [s / steps[key] for s in windows[run_key(config.name, w, batch, variant)]]
+        window = run_key(config.name, w, batch, variant)
+        return [s / steps[window] for s in windows[window]]
 
     scaling_rows, exposed_rows = [], []
     for config in plan.configs:
@@ -584,6 +594,7 @@ def analyse(raw, plan):
         if n > 1:
             b = config.batch_size
             ddp, no_sync = step_s(config, n, b, "default"), step_s(config, n, b, "no_sync")
+            no_buffer_sync = step_s(config, n, b, "no_buffer_sync")
             bandwidth = bus_bandwidth_at(allreduce[n], model_facts["gradient_bytes"])
             exposed_rows.append({
                 "config": config.name, "model": config.label, "world_size": n,
@@ -596,6 +607,10 @@ def analyse(raw, plan):
                 "floor_s": allreduce_floor_s(n, model_facts["gradient_bytes"], bandwidth),
                 "no_sync_efficiency": per_round(samples_per_s(config, n, b, "no_sync"),
                                                 samples_per_s(config, 1, b, "default"), 1 / n),
+                # DDP(forward_sync_buffers=False): BatchNorm's running statistics stay
+                # per rank during training instead of being re-sent before every forward.
+                "no_buffer_sync_step_s": summary(no_buffer_sync),
+                "no_buffer_sync_speedup": per_round(ddp, no_buffer_sync),
             })
 
     loop_rows = []
@@ -734,6 +749,17 @@ def format_report(report):
             "ddp": ("DDP step ms", ""), "no_sync": ("no_sync step ms", ""),
             "exposed": ("exposed ms", ""), "floor": ("floor ms", ""),
             "no_sync_eff": ("efficiency without all-reduce", "")}))
+        lines.append("the same DDP step with forward_sync_buffers=False (BatchNorm buffers not "
+                     "re-sent from rank 0 before every forward)")
+        rows = [{"config": r["config"], "model": r["model"], "procs": r["world_size"],
+                 "batch": r["batch_size"], "ddp": format_stats(r["ddp_step_s"], ".2f", 1e3),
+                 "no_buffer_sync": format_stats(r["no_buffer_sync_step_s"], ".2f", 1e3),
+                 "speedup": format_stats(r["no_buffer_sync_speedup"], ".2f")}
+                for r in communication["exposed"]]
+        lines.append(runlog.format_table(rows, {
+            "config": ("config", ""), "model": ("model", ""), "procs": ("procs", "d"),
+            "batch": ("batch/proc", "d"), "ddp": ("DDP step ms", ""),
+            "no_buffer_sync": ("without buffer sync ms", ""), "speedup": ("speed-up", "")}))
 
     path = report["data_path"]
     lines += ["", f"4. Data path ({path['config']} step, {path['model']}, batch "
@@ -759,7 +785,8 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=Path("runs/bench.json"),
                         help="the figures as JSON (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="fewer rounds, shorter windows, all-reduces up to 4 MB")
+                        help="a smoke run: 3 rounds, short windows and epochs, all-reduces up "
+                             "to 4 MB, a smaller scaling step on a CPU")
     parser.add_argument("--device", default="auto", choices=hardware.DEVICE_CHOICES)
     parser.add_argument("--nproc", type=int, default=None,
                         help="processes at most (default: one per GPU, else "
@@ -771,7 +798,7 @@ def parse_args(argv):
                         help="the second step's model (default: cnn on a CPU, wrn-16-10 on GPUs)")
     parser.add_argument("--width", type=int, default=None, help="its SmallCNN width")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="its batch per process (default: 128)")
+                        help="its batch per process (default: 512 on a CPU, 128 on GPUs)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="interleaved rounds per figure (default: 7; 3 with --quick)")
     parser.add_argument("--loader-workers", type=int, default=None,
@@ -796,7 +823,7 @@ def main(argv=None):
         "setup": {"device": device.type, "backend": hardware.backend_for(device),
                   "world_size": plan.world_size, "world_sizes": list(plan.world_sizes),
                   "threads_per_process": 1 if device.type == "cpu" else 0,
-                  "dataset": plan.dataset, "train_samples": plan.train_samples or None,
+                  "dataset": plan.dataset, "epoch_samples": plan.epoch_samples or None,
                   "rounds": plan.rounds, "quick": args.quick,
                   "window_s": plan.window_s,
                   "configs": [asdict(c) for c in plan.configs]},
