@@ -10,7 +10,7 @@ import math
 import pytest
 
 from conftest import run_course_command
-from workshop_lib import bench
+from workshop_lib import bench, profile
 
 
 def stats_are_sane(stats, positive=True):
@@ -139,3 +139,12 @@ def test_interpolated_bandwidth_and_floor():
 def test_per_round_ratios_pair_runs_of_the_same_round():
     assert bench.per_round([2, 4, 9], [1, 4, 3]) == {"median": 2, "min": 1, "max": 3, "n": 3}
     assert bench.summary([3, 1, 2]) == {"median": 2, "min": 1, "max": 3, "n": 3}
+
+
+def test_several_batch_sizes_give_one_scaling_step_each():
+    course = profile.get_profile("cpu")
+    configs = bench.default_configs("cpu", batch_sizes=[64, 256])
+    assert [(c.name, c.model, c.batch_size) for c in configs] == [
+        ("course", course.model, course.batch_size), ("scaling-64", "cnn", 64),
+        ("scaling-256", "cnn", 256)]
+    assert [c.name for c in bench.default_configs("cpu")] == ["course", "scaling"]
