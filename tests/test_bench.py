@@ -25,8 +25,9 @@ def stats_are_sane(stats, positive=True):
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    result = run_course_command(["-m", "workshop_lib.bench", "--quick", "--out", str(out)],
-                                timeout=300)
+    # The CPU case on every machine (2 gloo ranks), as CI runs it, GPUs or not.
+    result = run_course_command(["-m", "workshop_lib.bench", "--quick", "--device", "cpu",
+                                 "--out", str(out)], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text()), result.stdout
 
@@ -148,3 +149,12 @@ def test_several_batch_sizes_give_one_scaling_step_each():
         ("course", course.model, course.batch_size), ("scaling-64", "cnn", 64),
         ("scaling-256", "cnn", 256)]
     assert [c.name for c in bench.default_configs("cpu")] == ["course", "scaling"]
+
+
+@pytest.mark.parametrize("flags", [["--nproc", "0"], ["--rounds", "0"], ["--batch-size", "0"],
+                                   ["--model", "resnet"], ["--loader-workers", "-1"]])
+def test_bad_flags_stop_before_any_process_starts(flags, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.main([*flags, "--device", "cpu"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("error: ")

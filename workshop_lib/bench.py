@@ -125,12 +125,16 @@ def default_configs(device_type, model=None, batch_sizes=None, width=None, quick
 
 
 def make_plan(args, device):
-    if device.type == "cuda":
-        world_size = args.nproc or torch.cuda.device_count()
+    if args.nproc is not None:
+        world_size = args.nproc
     else:
-        world_size = args.nproc or hardware.CPU_PROCESSES
+        world_size = torch.cuda.device_count() if device.type == "cuda" else hardware.CPU_PROCESSES
     if world_size < 1:
         raise CourseError(f"--nproc must be at least 1, got {world_size}")
+    if device.type == "cuda" and world_size > torch.cuda.device_count():
+        raise CourseError(f"--nproc {world_size} but {torch.cuda.device_count()} GPU(s) "
+                          f"visible; one process per GPU: pass --nproc "
+                          f"{torch.cuda.device_count()} or --device cpu")
     # Powers of two up to N, and N itself: 1, 2, 4, 8 on eight GPUs, 1, 2 on a CPU.
     world_sizes = sorted({w for w in (2**k for k in range(8)) if w <= world_size} | {world_size})
     if device.type == "cuda":
@@ -149,7 +153,7 @@ def make_plan(args, device):
         epoch_samples=512 if args.quick else 0,
         configs=default_configs(device.type, args.model, args.batch_size, args.width,
                                 args.quick),
-        rounds=args.rounds or (3 if args.quick else 7),
+        rounds=args.rounds if args.rounds is not None else 3 if args.quick else 7,
         window_s=0.05 if args.quick else 0.4,
         warmup_steps=2 if args.quick else 5,
         allreduce_sizes=sizes,
@@ -818,6 +822,13 @@ def main(argv=None):
     args = parse_args(argv)
     if args.model is not None and args.model not in models.MODELS:
         raise CourseError(f"unknown model {args.model!r}; choose one of {', '.join(models.MODELS)}")
+    given = {"--batch-size": min(args.batch_size) if args.batch_size else None,
+             "--rounds": args.rounds, "--width": args.width, "--timeout": args.timeout}
+    for flag, value in given.items():
+        if value is not None and not value > 0:
+            raise CourseError(f"{flag} must be positive, got {value}")
+    if args.loader_workers is not None and args.loader_workers < 0:
+        raise CourseError(f"--loader-workers must be 0 or more, got {args.loader_workers}")
     device = hardware.pick_device(args.device)
     plan = make_plan(args, device)
     load_start = os.getloadavg()
