@@ -219,8 +219,10 @@ class ScalingRun:
         loader = data.TensorLoader(bench.train_set, batch_size, sampler, device, drop_last=True)
         if len(loader) == 0:
             raise CourseError(
-                f"batch {batch_size} per process is larger than one process's "
-                f"{len(sampler)} samples of {bench.plan.dataset}; use a smaller --batch-size"
+                f"batch {batch_size} per process on {world_size} process(es) is larger than "
+                f"a process's {len(sampler)} samples of {bench.plan.dataset} (strong scaling "
+                f"runs one process at --batch-size x {bench.plan.world_size}); use a smaller "
+                f"--batch-size"
             )
         self.batches = endless(loader, sampler)
         self.steps = 0  # per window, set by calibrate()
@@ -452,7 +454,7 @@ class Bench:
                            y.to(device, non_blocking=True))
 
         def load_only(loader):
-            for x, y in loader:
+            for x, y in loader:  # the copies to the device are the work timed here
                 x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
         loops = {
@@ -516,8 +518,16 @@ def launch(plan):
         os.environ["OMP_NUM_THREADS"] = "1"  # the workers' OpenMP pools start with one thread
     with tempfile.TemporaryDirectory() as folder:
         result_path = Path(folder) / "raw.json"
-        mp.start_processes(_worker, args=(asdict(plan), free_port(), str(result_path)),
-                           nprocs=plan.world_size, start_method="spawn", join=True)
+        try:
+            mp.start_processes(_worker, args=(asdict(plan), free_port(), str(result_path)),
+                               nprocs=plan.world_size, start_method="spawn", join=True)
+        except mp.ProcessRaisedException as error:
+            # A worker's CourseError (say, a batch larger than a rank's share of the data)
+            # is the learner's to fix: one line, as everywhere in the course.
+            last_line = str(error).strip().splitlines()[-1]
+            if last_line.startswith(f"{CourseError.__module__}.CourseError: "):
+                raise CourseError(last_line.split(": ", 1)[1]) from None
+            raise
         return json.loads(result_path.read_text())
 
 
