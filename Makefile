@@ -10,7 +10,7 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test doctor lint html clean
+.PHONY: setup lab test doctor lint html bench clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ html: setup
 test: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter
 	$(BIN)/python -m pytest
+
+# Scaling, loop overhead, communication and data path, measured on this machine (BENCHMARKS.md).
+bench: setup
+	$(BIN)/python -m workshop_lib.bench --out runs/bench.json
 
 doctor: setup
 	$(BIN)/python -m workshop_lib doctor

@@ -46,32 +46,31 @@ def prepare_dataloaders(args, train_set, val_set, device):
 def train_epoch(model, loader, optimizer, scheduler, progress):
     """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
     model.train()
-    sums = torch.zeros(2, device=loader.x.device)
+    loss_sum, samples = torch.zeros((), device=loader.x.device), 0
     for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         scheduler.step()
-        # Accumulate on the device: calling loss.item() here would make every step wait
-        # for the GPU (a host-device sync).
-        sums += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=sums.device)])
-    return sums
+        # Sum on the device, count on the host: loss.item() or building a tensor from a
+        # Python number here would make every step wait for the GPU (a host-device sync).
+        loss_sum += loss.detach() * len(y)
+        samples += len(y)
+    return torch.stack([loss_sum, torch.tensor(float(samples), device=loss_sum.device)])
 
 
 @torch.no_grad()
 def evaluate(model, loader):
     """Returns [sum of losses, correct predictions, samples] as a tensor on the device."""
     model.eval()
-    sums = torch.zeros(3, device=loader.x.device)
+    sums, samples = torch.zeros(2, device=loader.x.device), 0
     for x, y in loader:
         logits = model(x)
-        sums += torch.stack([
-            F.cross_entropy(logits, y, reduction="sum"),
-            (logits.argmax(dim=1) == y).sum(),
-            torch.tensor(len(y), device=sums.device),
-        ])
-    return sums
+        sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"),
+                             (logits.argmax(dim=1) == y).sum()])
+        samples += len(y)
+    return torch.cat([sums, torch.tensor([float(samples)], device=sums.device)])
 
 
 def synchronize(device):
