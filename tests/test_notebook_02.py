@@ -26,6 +26,17 @@ def test_from_scratch_wrapper_reproduces_ddp_in_the_notebook(executed):
     assert json.loads((runs / "naive_vs_ddp.json").read_text())["max_abs_difference"] < 1e-5
 
 
+def test_benchmark_compares_scaling_with_the_bandwidth_floor(executed):
+    runs, notebook = executed
+    bench = json.loads((runs / "bench.json").read_text())
+    weak = [r for r in bench["scaling"] if r["mode"] == "weak" and r["world_size"] == 2]
+    assert weak and all(0 < r["predicted_efficiency"] <= 1.0 for r in weak)
+    sizes = [p["bytes"] for p in bench["communication"]["allreduce"]["2"]]
+    assert sizes == sorted(sizes) and len(sizes) >= 3
+    text = notebook_text_outputs(notebook)
+    assert f"{weak[0]['efficiency']['median']:.2f} measured" in text
+
+
 def test_summary_is_computed_from_the_runs(executed):
     runs, notebook = executed
     text = notebook_text_outputs(notebook)

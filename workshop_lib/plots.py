@@ -49,3 +49,42 @@ def plot_bars(labels, values, ax=None, title=None, ylabel=None, reference=None,
     ax.set_title(title or "")
     ax.set_ylabel(ylabel or "")
     return ax
+
+
+def plot_scaling_vs_prediction(bench, ax=None):
+    """Weak-scaling efficiency measured by ``python -m workshop_lib.bench`` beside the
+    prediction from one process's step plus the all-reduce floor (``bench`` is its JSON)."""
+    ax = _axes(ax)
+    rows = [r for r in bench["scaling"] if r["mode"] == "weak" and r["world_size"] > 1]
+    labels = [f"{r['config']}\nbatch {r['batch_size']}/proc, N={r['world_size']}" for r in rows]
+    x = range(len(rows))
+    measured = [r["efficiency"]["median"] for r in rows]
+    errors = [[m - r["efficiency"]["min"] for m, r in zip(measured, rows, strict=True)],
+              [r["efficiency"]["max"] - m for m, r in zip(measured, rows, strict=True)]]
+    ax.bar([i - 0.2 for i in x], measured, width=0.4, yerr=errors, capsize=3,
+           label="measured (median, min..max)")
+    ax.bar([i + 0.2 for i in x], [r["predicted_efficiency"] for r in rows], width=0.4,
+           label="predicted from the all-reduce floor")
+    ax.axhline(1.0, color="gray", linestyle="--")
+    ax.set_xticks(list(x), labels, fontsize="small")
+    ax.set_ylabel("scaling efficiency (speed-up / N)")
+    ax.set_title("weak scaling: measured vs the bandwidth floor")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_allreduce_bandwidth(bench, ax=None):
+    """All-reduce bus bandwidth against message size, one line per world size."""
+    ax = _axes(ax)
+    for world_size, points in bench["communication"]["allreduce"].items():
+        ax.plot([p["bytes"] for p in points],
+                [p["bus_bandwidth_gb_s"]["median"] for p in points], marker="o",
+                label=f"{world_size} ranks ({bench['setup']['backend']})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("all-reduce bandwidth")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
