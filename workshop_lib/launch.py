@@ -31,7 +31,7 @@ from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 # torchrun keeps one key-value store for all restarts of a job by default; a restarted
 # rank can then read the address a dead rank published in the previous attempt and fail
 # with "Gloo connectFullMesh failed ... Connection refused". A fresh store per attempt
-# removes the stale keys (measured: see the note in README "When a rank dies").
+# removes the stale keys (measured: README, "When a rank fails").
 RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 SIGNALS = {-s.value: s.name for s in signal.Signals}
 # The frames of a crashed rank's traceback ("[rank1]:   File ..."): kept in the log folder,
