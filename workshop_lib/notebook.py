@@ -20,6 +20,9 @@ def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs"):
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     os.environ["PYTHONUNBUFFERED"] = "1"
+    # Each training process sets its own thread count (hardware.configure_cpu_threads);
+    # with OMP_NUM_THREADS set, torchrun skips its multi-line warning that it set it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     chosen = profiles.get_profile(profile, dataset, nproc)
     Path(runs_dir).mkdir(parents=True, exist_ok=True)
     os.environ.update(
