@@ -14,6 +14,18 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip ``@pytest.mark.gpu(n)`` tests where PyTorch sees fewer than n GPUs, saying so."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        needed = marker.args[0] if marker and marker.args else 1
+        if marker and gpus < needed:
+            item.add_marker(pytest.mark.skip(
+                reason=f"needs {needed} GPU(s) that PyTorch can use; this machine has {gpus} "
+                       f"(`make gpu-check` runs these on a GPU workstation)"))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,7 +72,8 @@ def digits():
 
 
 def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
-    """Execute ``notebooks/<name>`` with papermill in the CPU profile, as CI does.
+    """Execute ``notebooks/<name>`` with papermill in the CPU profile on the offline dataset,
+    as CI does (on any machine: a GPU workstation's tests pin the CPU profile too).
 
     Runs write under ``runs_dir`` (passed as the ``runs_dir`` parameter), so the test can
     assert on the run records of this very execution. Returns the executed notebook.
@@ -71,7 +84,8 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
     output = Path(runs_dir) / f"executed-{name}"
     papermill.execute_notebook(
         str(REPO / "notebooks" / name), str(output), kernel_name="python3",
-        parameters={"profile": "cpu", "runs_dir": str(runs_dir), **parameters},
+        parameters={"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
+                    **parameters},
         cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
     )
     return nbformat.read(output, as_version=4)
@@ -90,8 +104,8 @@ def notebook_text_outputs(notebook):
 # One uninterrupted 2-rank run, shared by the tests that check learning (test_training)
 # and the one that compares a killed-and-resumed run with it (test_reliability).
 DDP_RUN_EPOCHS = 5
-DDP_RUN_FLAGS = ["--dataset", "digits", "--epochs", str(DDP_RUN_EPOCHS), "--batch-size", "32",
-                 "--no-progress"]
+DDP_RUN_FLAGS = ["--device", "cpu", "--dataset", "digits", "--epochs", str(DDP_RUN_EPOCHS),
+                 "--batch-size", "32", "--no-progress"]
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,9 @@ def add_common_args(parser, default_out):
     add("--target-accuracy", type=float, default=None,
         help="stop once validation accuracy reaches this for --patience epochs in a row")
     add("--patience", type=int, default=1, help="default: %(default)s")
-    add("--device", default="auto", choices=hardware.DEVICE_CHOICES,
-        help="auto: a GPU if there is one, else the CPU (default: %(default)s)")
+    add("--device", default="auto", type=hardware.device_flag,
+        help="auto, cpu, cuda or cuda:N; auto: a GPU if there is one, else the CPU "
+             "(default: %(default)s)")
     add("--out", type=folder, default=Path(default_out),
         help="folder for run.jsonl and checkpoint.pt (default: %(default)s)")
     add("--progress", action=argparse.BooleanOptionalAction, default=True,

@@ -1,36 +1,49 @@
 """What a learner needs to know before the workshop starts, and what to do if it is missing.
 
     python -m workshop_lib doctor
+
+Notebook 00 shows the same report.
 """
-import argparse
 from pathlib import Path
 
 import torch
 
-from workshop_lib import data, hardware
+from workshop_lib import cli, data, hardware, profile
 
 
-def report(data_dir=data.DEFAULT_DATA_DIR):
-    """Lines describing this machine and the choices the course makes on it."""
-    lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda or 'not built'}"]
-    gpus = hardware.gpus()
-    if gpus:
-        lines.append(f"GPUs: {len(gpus)}")
-        lines += [f"  cuda:{i} {g['name']}, {g['memory_gib']} GiB" for i, g in enumerate(gpus)]
-        topology = hardware.gpu_topology()
-        if topology and len(gpus) > 1:
-            lines.append("GPU interconnect (nvidia-smi topo -m; NV# = NVLink):")
-            lines += ["  " + row for row in topology.strip().splitlines()]
-        lines.append(f"course runs: NCCL backend, {len(gpus)} process(es), one per GPU")
+def report(data_dir=data.DEFAULT_DATA_DIR, machine=None):
+    """Lines describing this machine (or ``machine``) and what the course does on it."""
+    machine = machine or hardware.detect()
+    lines = [f"torch {torch.__version__}, CUDA {machine.torch_cuda or 'not built'}"
+             + (f", NVIDIA driver {machine.driver}" if machine.driver else "")]
+    if machine.gpus:
+        lines.append(f"GPUs PyTorch can use: {machine.gpus}")
+        lines += [f"  cuda:{i} {name}, {memory} GiB" for i, (name, memory)
+                  in enumerate(zip(machine.gpu_names, machine.gpu_memory_gib, strict=True))]
+    else:
+        lines.append("GPUs PyTorch can use: none (torch.cuda.is_available() is False)")
+    for problem in (machine.driver_problem(), machine.unusable_gpus_problem()):
+        if problem:
+            lines.append(f"problem: {problem}")
+    if machine.gpus > 1:
+        lines.append(f"GPU interconnect: {machine.interconnect or 'unknown'} "
+                     f"(`nvidia-smi topo -m`: NV# = NVLink; PIX, PHB, SYS = PCIe)")
+    lines.append(f"CPU: {machine.cpu_cores} core(s)")
+
+    chosen = profile.get_profile(machine=machine, data_dir=data_dir)
+    if chosen.ddp_device == "cuda":
+        ddp = f"{chosen.nproc} processes, one per GPU, NCCL backend"
+    else:
+        ddp = (f"{chosen.nproc} processes on the CPU, gloo backend, "
+               f"{machine.threads_per_process(chosen.nproc)} thread(s) each")
+    lines.append(f"course runs: one-device runs on {chosen.one_device_name}; DDP launches: {ddp}")
+    lines += [f"  note: {note}" for note in chosen.notes]
+    if chosen.ddp_device == "cpu" and not machine.gpus:
+        lines.append("  everything works; speed-ups are small because the processes share "
+                     "the CPU")
+    if machine.gpus:
         lines.append("watch the GPUs: the GPU Dashboards panel in JupyterLab's left bar, "
                      "or `nvidia-smi -l 1` in a terminal")
-    else:
-        lines.append("GPUs: none visible (torch.cuda.is_available() is False)")
-        lines.append(f"course runs: gloo backend on the CPU, {hardware.CPU_PROCESSES} processes, "
-                     f"{max(1, hardware.cpu_cores() // hardware.CPU_PROCESSES)} thread(s) each "
-                     f"({hardware.cpu_cores()} cores)")
-        lines.append("  everything works; speed-ups are small because the processes share "
-                     "the CPU. On a GPU machine check the NVIDIA driver with `nvidia-smi`.")
     for info in data.DATASETS.values():
         state = "available" if data.is_available(info.name, data_dir) else "not downloaded"
         lines.append(f"dataset {info.name}: {state} ({info.description})")
@@ -39,7 +52,7 @@ def report(data_dir=data.DEFAULT_DATA_DIR):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m workshop_lib doctor", description=__doc__)
+    parser = cli.ArgumentParser(prog="python -m workshop_lib doctor", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     args = parser.parse_args(argv)
     print("\n".join(report(args.data_dir)))

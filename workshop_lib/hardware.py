@@ -1,16 +1,82 @@
-"""What this machine has, and the device, backend and thread settings that follow from it."""
+"""What this machine has, and the device, backend, process and thread choices that follow.
+
+``Machine`` is the one description of the hardware that every hardware-dependent choice
+reads: the workshop profile (``profile.py``), ``doctor``, the launcher, the bench, the
+sweeps and the tests. ``detect()`` asks PyTorch and ``nvidia-smi``; a test builds a
+``Machine`` by hand to check what the course does on a machine it is not running on (one
+GPU, eight GPUs, GPUs the driver cannot serve, a 64-core CPU box).
+"""
+import functools
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import torch
 
 from workshop_lib.errors import CourseError
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
-CPU_PROCESSES = 2  # ranks to launch on a machine with no GPU
+CPU_PROCESSES = 2  # processes of a DDP launch where there are fewer than two GPUs
+# The oldest NVIDIA driver that runs each CUDA major version PyTorch can be built for
+# (NVIDIA's minor-version compatibility: CUDA 13.x needs r580, 12.x r525, 11.x r450).
+MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+SHARERS_ENV = "WORKSHOP_PROCESSES_ON_MACHINE"  # set by launchers that start several jobs
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The hardware facts the course's choices depend on."""
+
+    gpus: int = 0                  # GPUs PyTorch can use
+    gpu_names: tuple = ()
+    gpu_memory_gib: tuple = ()
+    listed_gpus: int = 0           # GPUs nvidia-smi lists (0 where it is not installed)
+    driver: str | None = None      # the NVIDIA driver's version, from nvidia-smi
+    torch_cuda: str | None = None  # the CUDA version PyTorch was built for (None: CPU build)
+    cpu_cores: int = 1
+    interconnect: str | None = None  # "NVLink" or "PCIe" between GPUs (nvidia-smi topo -m)
+
+    @property
+    def ddp_nproc(self):
+        """Processes of a DDP launch: one per GPU with two or more, else ``CPU_PROCESSES``
+        on the CPU (NCCL cannot run two ranks on one GPU)."""
+        return self.gpus if self.gpus >= 2 else CPU_PROCESSES
+
+    def threads_per_process(self, processes):
+        return threads_per_process(processes, self.cpu_cores)
+
+    def driver_problem(self):
+        """A sentence when the driver is too old for this PyTorch's CUDA, else None."""
+        if not (self.driver and self.torch_cuda):
+            return None
+        needed = MIN_DRIVER.get(int(self.torch_cuda.split(".")[0]))
+        if needed is None or int(self.driver.split(".")[0]) >= needed:
+            return None
+        return (f"NVIDIA driver {self.driver} is too old for this PyTorch (built for CUDA "
+                f"{self.torch_cuda}, which needs driver {needed} or newer): update the "
+                f"driver, or install a PyTorch built for an older CUDA")
+
+    def unusable_gpus_problem(self):
+        """A sentence when nvidia-smi lists GPUs that PyTorch cannot use, else None."""
+        hidden = self.listed_gpus - self.gpus
+        if hidden <= 0:
+            return None
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None and self.gpus:
+            return (f"nvidia-smi lists {self.listed_gpus} GPUs; CUDA_VISIBLE_DEVICES="
+                    f"{os.environ['CUDA_VISIBLE_DEVICES']!r} leaves PyTorch {self.gpus}")
+        why = self.driver_problem() or (
+            "PyTorch is a CPU-only build" if self.torch_cuda is None
+            else "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+        return f"nvidia-smi lists {self.listed_gpus} GPU(s) that PyTorch cannot use: {why}"
+
+
+def threads_per_process(processes, cores=None):
+    """Each CPU process's share of the cores (at least one intra-op thread)."""
+    return max(1, (cores or cpu_cores()) // max(1, processes))
 
 
 def cpu_cores():
@@ -18,18 +84,77 @@ def cpu_cores():
     return len(os.sched_getaffinity(0))
 
 
-def default_nproc():
-    """Processes per machine the course launches: one per GPU, else ``CPU_PROCESSES``."""
-    return torch.cuda.device_count() or CPU_PROCESSES
+@functools.lru_cache(maxsize=1)
+def detect():
+    """This machine's ``Machine`` (asked once per process)."""
+    listed, driver = _nvidia_smi_gpus()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Machine(
+        gpus=count,
+        gpu_names=tuple(torch.cuda.get_device_name(i) for i in range(count)),
+        gpu_memory_gib=tuple(round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)
+                             for i in range(count)),
+        listed_gpus=listed, driver=driver, torch_cuda=torch.version.cuda,
+        cpu_cores=cpu_cores(),
+        interconnect=interconnect(gpu_topology()) if count > 1 else None,
+    )
+
+
+def _nvidia_smi(*args):
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        result = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True,
+                                timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def _nvidia_smi_gpus():
+    """(GPUs nvidia-smi lists, driver version): what the driver sees, whatever torch can."""
+    out = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    versions = [line.strip() for line in (out or "").splitlines() if line.strip()]
+    return len(versions), (versions[0] if versions else None)
+
+
+def gpu_topology():
+    """``nvidia-smi topo -m`` (NVLink vs PCIe between GPUs), or None where unavailable."""
+    return _nvidia_smi("topo", "-m")
+
+
+def interconnect(topology):
+    """"NVLink" if any two GPUs are joined by NVLink (``NV#`` in the matrix), else "PCIe"."""
+    if not topology:
+        return None
+    rows = [line.split() for line in topology.splitlines() if line.startswith("GPU")]
+    return "NVLink" if any(re.fullmatch(r"NV\d+", cell) for row in rows for cell in row) \
+        else "PCIe"
+
+
+def device_flag(text):
+    """A ``--device`` value: auto, cpu, cuda or cuda:N."""
+    if not DEVICE_PATTERN.fullmatch(text):
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"--device takes auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
 
 
 def pick_device(requested="auto", local_rank=0, local_world_size=1):
     """The device for process ``local_rank`` of ``local_world_size`` on this machine."""
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    gpus = torch.cuda.device_count()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus == 0:
-        raise CourseError("--device cuda but no GPU is visible here; use --device cpu (or auto)")
+        raise CourseError(f"--device {requested} but PyTorch sees no GPU here; use --device "
+                          f"cpu (`python -m workshop_lib doctor` says why)")
+    if requested.startswith("cuda:"):
+        index = int(requested.split(":")[1])
+        if index >= gpus:
+            raise CourseError(f"--device {requested} but only {gpus} GPU(s) are visible "
+                              f"(cuda:0 to cuda:{gpus - 1})")
+        return torch.device("cuda", index)
     if local_world_size > gpus:
         raise CourseError(
             f"{local_world_size} process(es) on this machine but {gpus} GPU(s) visible; "
@@ -40,53 +165,52 @@ def pick_device(requested="auto", local_rank=0, local_world_size=1):
 
 def backend_for(device):
     """NCCL talks GPU to GPU directly; gloo works on CPU tensors."""
-    return "nccl" if device.type == "cuda" else "gloo"
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def configure_cpu_threads(device, processes_on_this_machine):
-    """Give each CPU process its share of the cores (at least one intra-op thread).
+def processes_on_this_machine():
+    """Processes sharing this machine's cores: torchrun's LOCAL_WORLD_SIZE, unless the
+    launcher that started several jobs here (a parallel sweep, several torchrun agents
+    playing nodes) says how many share it in WORKSHOP_PROCESSES_ON_MACHINE; else 1."""
+    for name in (SHARERS_ENV, "LOCAL_WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name])
+    return 1
 
-    More threads than cores makes the ranks fight over them; measured throughput is then
-    meaningless. Returns the thread count set (0 on a GPU, where it does not matter).
+
+def configure_cpu_threads(device):
+    """Give this CPU process its share of the cores (at least one intra-op thread).
+
+    More threads than cores makes the processes fight over them; measured throughput is
+    then meaningless. Returns the thread count set (0 on a GPU, where it does not matter).
     """
     if device.type != "cpu":
         return 0
-    threads = max(1, cpu_cores() // processes_on_this_machine)
+    threads = threads_per_process(processes_on_this_machine())
     torch.set_num_threads(threads)
     return threads
 
 
-def gpus():
-    return [
-        {
-            "name": torch.cuda.get_device_name(i),
-            "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
-        }
-        for i in range(torch.cuda.device_count())
-    ]
-
-
-def gpu_topology():
-    """``nvidia-smi topo -m`` (NVLink vs PCIe between GPUs), or None where unavailable."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
-                             timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
 def describe():
     """Software and hardware facts recorded in every run log's header."""
+    machine = detect()
     return {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "gpus": gpus(),
-        "cpu_cores": cpu_cores(),
+        "cuda_available": machine.gpus > 0,
+        "gpus": [{"name": name, "memory_gib": memory}
+                 for name, memory in zip(machine.gpu_names, machine.gpu_memory_gib,
+                                         strict=True)],
+        "driver": machine.driver,
+        "interconnect": machine.interconnect,
+        "cpu_cores": machine.cpu_cores,
         "platform": platform.platform(),
         "hostname": platform.node(),
     }
+
+
+def synchronize(device):
+    """Wait for queued GPU work, so that a clock read after it measures it (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,20 +1,23 @@
 """Set-up every notebook runs first, so ``%%bash`` cells find this environment's tools."""
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from workshop_lib import profile as profiles
 
 
-def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs"):
+def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs",
+          launches=profiles.ONE_DEVICE):
     """Prepare the kernel for launching the course scripts; return the workshop profile.
 
     - Put this Python's ``bin`` folder first on PATH: ``%%bash torchrun ...`` then runs the
       torchrun of the environment the notebook runs in, even if it was never activated.
     - ``PYTHONUNBUFFERED=1``: launched scripts' output appears line by line, not at the end.
-    - Export the profile's sizes, so ``%%bash`` cells can say ``--nproc-per-node=$NPROC``:
-      NPROC, DATASET, MODEL, EPOCHS, BATCH_SIZE, LR, LR_REF_BATCH, and RUNS (``runs_dir``,
-      where this notebook's runs write their records).
+    - Export the profile, so ``%%bash`` cells can say ``--nproc-per-node=$NPROC``: DEVICE,
+      DATASET, MODEL, EPOCHS, BATCH_SIZE, LR, LR_REF_BATCH (the sizes of this notebook's
+      kind of run, ``launches``), NPROC and DDP_DEVICE (a DDP launch's shape), and RUNS
+      (``runs_dir``, where this notebook's runs write their records).
     """
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
@@ -23,12 +26,20 @@ def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs"):
     # Each training process sets its own thread count (hardware.configure_cpu_threads);
     # with OMP_NUM_THREADS set, torchrun skips its multi-line warning that it set it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    chosen = profiles.get_profile(profile, dataset, nproc)
+    chosen = profiles.get_profile(profile, dataset, nproc, launches)
     Path(runs_dir).mkdir(parents=True, exist_ok=True)
     os.environ.update(
-        NPROC=str(chosen.nproc), DATASET=chosen.dataset, MODEL=chosen.model,
-        EPOCHS=str(chosen.epochs), BATCH_SIZE=str(chosen.batch_size), LR=str(chosen.lr),
+        DEVICE=chosen.device, NPROC=str(chosen.nproc), DDP_DEVICE=chosen.ddp_device,
+        DATASET=chosen.dataset, MODEL=chosen.model, EPOCHS=str(chosen.epochs),
+        BATCH_SIZE=str(chosen.batch_size), LR=str(chosen.lr),
         LR_REF_BATCH=str(chosen.lr_ref_batch), RUNS=str(Path(runs_dir).resolve()),
     )
     print(chosen.describe())
     return chosen
+
+
+def fresh(folder):
+    """``folder``, emptied: a run that writes there starts clean when a notebook is run again
+    (an old checkpoint there would otherwise look like one to resume from)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    return str(folder)

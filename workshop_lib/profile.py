@@ -1,51 +1,131 @@
-"""The workshop profile: sizes for the notebooks, picked from the hardware.
+"""The workshop profile: where each kind of run goes, and its sizes, from the machine.
 
-Both hardware cases are first-class. ``gpu``: NCCL, one process per GPU, the workshop
-dataset and a Wide ResNet. ``cpu``: gloo, two processes sharing the cores, the offline
-dataset and the small CNN, sized so each notebook runs in a few minutes on two cores
-while still showing every effect it teaches. Notebooks take ``profile`` as a papermill
-parameter (``auto`` by default) and read every size from here.
+Every notebook starts with ``P = notebook.setup(profile, dataset, nproc, runs_dir)``,
+and every size it uses comes from ``P``. The choices, from ``hardware.Machine``:
+
+- **one-device runs** (the sweeps of notebooks 01 and 03) use a GPU where PyTorch sees one
+  (profile ``gpu``), else the CPU (profile ``cpu``);
+- **DDP launches** (notebooks 00, 02, 04) run one process per GPU with NCCL on a machine
+  with two or more GPUs, and two processes sharing the CPU with gloo everywhere else: on
+  one GPU too, because NCCL cannot run two ranks on one GPU;
+- ``profile="cpu"`` puts every run on the CPU, GPUs or not;
+- **sizes follow the dataset and the device actually used**: a Wide ResNet for
+  Fashion-MNIST on GPUs, the small CNN otherwise; ``dataset="auto"`` takes Fashion-MNIST
+  when it is downloaded and the runs go to a GPU, the offline digits otherwise.
+
+``notes`` says, in sentences, every choice that differs from what a learner might expect.
 """
 from dataclasses import dataclass
 
-import torch
-
 from workshop_lib import data, hardware
+from workshop_lib.errors import CourseError
 
 PROFILES = ("auto", "gpu", "cpu")
+ONE_DEVICE, PROCESSES = "one device", "processes"  # what a notebook's runs are
+
+
+@dataclass(frozen=True)
+class Sizes:
+    model: str
+    epochs: int        # epochs of a standard training run
+    batch_size: int    # per-process batch of a standard run
+    lr: float          # learning rate tuned at ``lr_ref_batch``
+    lr_ref_batch: int
+
+
+# Sizes by (device type, dataset). Digits are the same on any device: the dataset, not the
+# hardware, decides how large a batch can be (1,438 training images).
+SIZES = {
+    ("cpu", "digits"): Sizes("cnn", epochs=6, batch_size=32, lr=0.05, lr_ref_batch=32),
+    ("cuda", "digits"): Sizes("cnn", epochs=6, batch_size=32, lr=0.05, lr_ref_batch=32),
+    ("cpu", "fashion-mnist"): Sizes("cnn", epochs=3, batch_size=64, lr=0.05, lr_ref_batch=64),
+    ("cuda", "fashion-mnist"): Sizes("wrn-16-4", epochs=10, batch_size=128, lr=0.05,
+                                     lr_ref_batch=128),
+}
 
 
 @dataclass(frozen=True)
 class Profile:
-    name: str
-    nproc: int                # processes per machine for torchrun
-    backend: str
+    name: str          # "gpu" or "cpu": where one-device runs go
+    launches: str      # ONE_DEVICE or PROCESSES: the runs the sizes below are for
+    device: str        # --device of those runs
+    nproc: int         # processes of a DDP launch (torchrun --nproc-per-node)
+    ddp_device: str    # --device of a DDP launch
+    backend: str       # the backend of a DDP launch
     dataset: str
     model: str
-    epochs: int               # epochs of a standard training run
-    batch_size: int           # per-process batch of a standard run
-    lr: float                 # learning rate tuned at ``lr_ref_batch``
+    epochs: int
+    batch_size: int
+    lr: float
     lr_ref_batch: int
+    notes: tuple = ()
 
     def describe(self):
-        return (f"profile {self.name}: {self.nproc} process(es), {self.backend}, "
-                f"dataset {self.dataset}, model {self.model}, {self.epochs} epochs, "
-                f"batch {self.batch_size} per process")
+        where = "GPUs, NCCL" if self.ddp_device == "cuda" else "the CPU, gloo"
+        lines = [f"profile {self.name}: one-device runs on {self.one_device_name}; DDP "
+                 f"launches: {self.nproc} process(es) on {where}",
+                 f"{self.launches} runs here: dataset {self.dataset}, model {self.model}, "
+                 f"{self.epochs} epochs, batch {self.batch_size} per process, lr {self.lr} "
+                 f"at batch {self.lr_ref_batch}, --device {self.device}"]
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+    @property
+    def one_device_name(self):
+        return "a GPU" if self.name == "gpu" else "the CPU"
 
 
-def get_profile(name="auto", dataset="auto", nproc="auto", data_dir=data.DEFAULT_DATA_DIR):
-    """The profile ``name`` (auto: gpu if a GPU is visible), with overrides."""
+def get_profile(name="auto", dataset="auto", nproc="auto", launches=ONE_DEVICE,
+                machine=None, data_dir=data.DEFAULT_DATA_DIR):
+    """The profile for this machine (or ``machine``), with the notebook's overrides.
+
+    ``launches``: ONE_DEVICE for a notebook about one device's runs, PROCESSES for one
+    about DDP launches; the sizes are those of that kind of run.
+    """
     if name not in PROFILES:
-        raise ValueError(f"unknown profile {name!r}; choose one of {PROFILES}")
+        raise CourseError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}")
+    if launches not in (ONE_DEVICE, PROCESSES):
+        raise ValueError(f"launches is {ONE_DEVICE!r} or {PROCESSES!r}, got {launches!r}")
+    machine = machine or hardware.detect()
+    notes = [problem for problem in (machine.unusable_gpus_problem(),) if problem]
     if name == "auto":
-        name = "gpu" if torch.cuda.is_available() else "cpu"
+        name = "gpu" if machine.gpus else "cpu"
+    if name == "gpu" and not machine.gpus:
+        raise CourseError("profile 'gpu' needs a GPU that PyTorch can use, and this machine "
+                          "has none; use profile 'cpu' or 'auto' (`make doctor` says why)")
+
+    if nproc == "auto":
+        nproc = machine.ddp_nproc if name == "gpu" else hardware.CPU_PROCESSES
+    nproc = int(nproc)
+    if nproc < 1:
+        raise CourseError(f"nproc must be at least 1, got {nproc}")
+    ddp_device = "cuda" if name == "gpu" and nproc <= machine.gpus else "cpu"
+    if name == "gpu" and ddp_device == "cpu":
+        notes.append(f"{nproc} processes but {machine.gpus} GPU(s): the DDP launches run "
+                     f"{nproc} processes on the CPU with gloo (NCCL cannot run two ranks "
+                     f"on one GPU); the one-device runs use the GPU")
+    if nproc == 1:
+        notes.append("nproc is 1: DDP launches run one process, so the comparisons between "
+                     "processes are skipped and say so")
+
+    device = ("cuda" if name == "gpu" else "cpu") if launches == ONE_DEVICE else ddp_device
+    dataset = choose_dataset(dataset, device, data_dir, notes)
+    sizes = SIZES[(device, dataset)]
+    return Profile(name=name, launches=launches, device=device, nproc=nproc,
+                   ddp_device=ddp_device, backend=hardware.backend_for(ddp_device),
+                   dataset=dataset, **sizes.__dict__, notes=tuple(notes))
+
+
+def choose_dataset(dataset, device, data_dir, notes):
+    """The dataset for runs on ``device``; appends the reason to ``notes`` where it matters."""
+    fashion_here = data.is_available("fashion-mnist", data_dir)
+    if dataset == "auto":
+        if fashion_here and device == "cpu":
+            notes.append("Fashion-MNIST is downloaded, but these runs go to the CPU: the "
+                         "offline digits keep each notebook to minutes (dataset="
+                         "'fashion-mnist' trains on it anyway)")
+        return "fashion-mnist" if fashion_here and device == "cuda" else "digits"
     dataset = data.resolve_name(dataset, data_dir)
-    if name == "gpu":
-        profile = Profile("gpu", torch.cuda.device_count(), "nccl", dataset, "wrn-16-4",
-                          epochs=10, batch_size=128, lr=0.05, lr_ref_batch=128)
-    else:
-        profile = Profile("cpu", hardware.CPU_PROCESSES, "gloo", dataset, "cnn",
-                          epochs=6, batch_size=32, lr=0.05, lr_ref_batch=32)
-    if nproc != "auto":
-        profile = Profile(**{**profile.__dict__, "nproc": int(nproc)})
-    return profile
+    if not data.is_available(dataset, data_dir):
+        raise CourseError(f"dataset {dataset!r} is not downloaded; run `python -m "
+                          f"workshop_lib.data download {dataset}` or use dataset='auto'")
+    return dataset

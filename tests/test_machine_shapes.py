@@ -1,0 +1,152 @@
+"""What the course does on each shape of machine, from a hand-built machine description.
+
+No test here depends on the machine it runs on: each builds the ``Machine`` it is about
+(no GPU, one GPU, four, eight, GPUs the driver cannot serve, a 64-core box) and checks the
+choices the profile, the doctor and the launcher make for it.
+"""
+import pytest
+
+from workshop_lib import doctor, hardware, profile
+from workshop_lib.errors import CourseError
+from workshop_lib.hardware import Machine
+
+LAPTOP = Machine(gpus=0, cpu_cores=8)
+BIG_CPU = Machine(gpus=0, cpu_cores=64)
+ONE_GPU = Machine(gpus=1, gpu_names=("NVIDIA L4",), gpu_memory_gib=(22.0,), listed_gpus=1,
+                  driver="580.65.06", torch_cuda="13.0", cpu_cores=16)
+FOUR_GPUS = Machine(gpus=4, gpu_names=("NVIDIA A100-SXM4-80GB",) * 4,
+                    gpu_memory_gib=(79.2,) * 4, listed_gpus=4, driver="580.65.06",
+                    torch_cuda="13.0", cpu_cores=64, interconnect="NVLink")
+EIGHT_GPUS = Machine(gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8,
+                     gpu_memory_gib=(79.6,) * 8, listed_gpus=8, driver="590.10",
+                     torch_cuda="13.0", cpu_cores=192, interconnect="NVLink")
+OLD_DRIVER = Machine(gpus=0, listed_gpus=4, driver="550.54.15", torch_cuda="13.0",
+                     cpu_cores=32)
+
+
+@pytest.fixture
+def no_fashion(tmp_path):
+    """A data folder without Fashion-MNIST."""
+    return tmp_path
+
+
+@pytest.fixture
+def with_fashion(tmp_path):
+    from workshop_lib import data
+
+    raw = data.fashion_mnist_raw_dir(tmp_path)
+    raw.mkdir(parents=True)
+    for name in data.FASHION_MNIST_FILES:
+        (raw / name).write_bytes(b"")
+    return tmp_path
+
+
+def get(machine, data_dir, **overrides):
+    return profile.get_profile(machine=machine, data_dir=data_dir, **overrides)
+
+
+@pytest.mark.parametrize("machine", [LAPTOP, BIG_CPU])
+def test_no_gpu_everything_on_the_cpu(machine, no_fashion):
+    for launches in (profile.ONE_DEVICE, profile.PROCESSES):
+        p = get(machine, no_fashion, launches=launches)
+        assert (p.name, p.device, p.ddp_device, p.backend) == ("cpu", "cpu", "cpu", "gloo")
+        assert p.nproc == hardware.CPU_PROCESSES
+        assert (p.dataset, p.model) == ("digits", "cnn")
+    assert machine.threads_per_process(2) == machine.cpu_cores // 2
+
+
+def test_one_gpu_single_device_runs_on_it_and_ddp_lessons_on_cpu_processes(with_fashion):
+    one_device = get(ONE_GPU, with_fashion)
+    assert (one_device.name, one_device.device) == ("gpu", "cuda")
+    assert (one_device.dataset, one_device.model) == ("fashion-mnist", "wrn-16-4")
+    processes = get(ONE_GPU, with_fashion, launches=profile.PROCESSES)
+    assert (processes.device, processes.ddp_device, processes.backend) == ("cpu", "cpu", "gloo")
+    assert processes.nproc == 2
+    # Sizes follow the device and dataset actually used: no Wide ResNet on CPU processes.
+    assert (processes.dataset, processes.model) == ("digits", "cnn")
+    assert any("NCCL cannot run two ranks on one GPU" in note for note in processes.notes)
+
+
+def test_one_gpu_without_fashion_mnist_gets_digit_sizes(no_fashion):
+    p = get(ONE_GPU, no_fashion)
+    assert (p.device, p.dataset) == ("cuda", "digits")
+    assert (p.model, p.batch_size) == (profile.SIZES[("cpu", "digits")].model,
+                                       profile.SIZES[("cpu", "digits")].batch_size)
+
+
+@pytest.mark.parametrize("machine", [FOUR_GPUS, EIGHT_GPUS])
+def test_several_gpus_one_process_per_gpu_with_nccl(machine, with_fashion):
+    p = get(machine, with_fashion, launches=profile.PROCESSES)
+    assert (p.nproc, p.device, p.ddp_device, p.backend) == (machine.gpus, "cuda", "cuda",
+                                                            "nccl")
+    assert (p.dataset, p.model) == ("fashion-mnist", "wrn-16-4")
+    assert not p.notes
+
+
+def test_profile_cpu_means_the_cpu_for_every_run_on_a_gpu_machine(with_fashion):
+    for launches in (profile.ONE_DEVICE, profile.PROCESSES):
+        p = get(FOUR_GPUS, with_fashion, name="cpu", launches=launches)
+        assert (p.device, p.ddp_device, p.backend, p.nproc) == ("cpu", "cpu", "gloo", 2)
+        assert p.dataset == "digits"
+        assert any("Fashion-MNIST is downloaded" in note for note in p.notes)
+
+
+def test_explicit_dataset_on_the_cpu_gets_cpu_sizes(with_fashion):
+    p = get(LAPTOP, with_fashion, dataset="fashion-mnist")
+    assert (p.dataset, p.model, p.device) == ("fashion-mnist", "cnn", "cpu")
+
+
+def test_nproc_override(no_fashion):
+    one = get(LAPTOP, no_fashion, nproc=1, launches=profile.PROCESSES)
+    assert one.nproc == 1 and any("nproc is 1" in note for note in one.notes)
+    more_than_gpus = get(FOUR_GPUS, no_fashion, nproc=8, launches=profile.PROCESSES)
+    assert (more_than_gpus.ddp_device, more_than_gpus.backend) == ("cpu", "gloo")
+    two_of_four = get(FOUR_GPUS, no_fashion, nproc="2", launches=profile.PROCESSES)
+    assert (two_of_four.nproc, two_of_four.ddp_device) == (2, "cuda")
+
+
+def test_profile_gpu_without_a_gpu_is_one_clear_error(no_fashion):
+    with pytest.raises(CourseError, match="needs a GPU that PyTorch can use"):
+        get(LAPTOP, no_fashion, name="gpu")
+    with pytest.raises(CourseError, match="nproc must be at least 1"):
+        get(LAPTOP, no_fashion, nproc=0)
+    with pytest.raises(CourseError, match="not downloaded"):
+        get(LAPTOP, no_fashion, dataset="fashion-mnist")
+
+
+def test_gpus_the_driver_cannot_serve_are_named_and_the_course_uses_the_cpu(no_fashion):
+    assert "580 or newer" in OLD_DRIVER.driver_problem()
+    p = get(OLD_DRIVER, no_fashion)
+    assert (p.name, p.ddp_device) == ("cpu", "cpu")
+    assert any("nvidia-smi lists 4 GPU(s) that PyTorch cannot use" in n for n in p.notes)
+    report = "\n".join(doctor.report(no_fashion, machine=OLD_DRIVER))
+    assert "problem: NVIDIA driver 550.54.15 is too old" in report
+    assert "course runs: one-device runs on the CPU" in report
+    assert ONE_GPU.driver_problem() is None and FOUR_GPUS.unusable_gpus_problem() is None
+
+
+@pytest.mark.parametrize("machine,expected", [
+    (LAPTOP, "DDP launches: 2 processes on the CPU, gloo backend, 4 thread(s) each"),
+    (ONE_GPU, "DDP launches: 2 processes on the CPU, gloo backend, 8 thread(s) each"),
+    (FOUR_GPUS, "DDP launches: 4 processes, one per GPU, NCCL backend"),
+])
+def test_doctor_says_what_the_course_will_do(machine, expected, no_fashion):
+    report = "\n".join(doctor.report(no_fashion, machine=machine))
+    assert expected in report
+    if machine.gpus:
+        assert f"GPUs PyTorch can use: {machine.gpus}" in report
+        assert f"cuda:0 {machine.gpu_names[0]}" in report
+    if machine.gpus > 1:
+        assert "GPU interconnect: NVLink" in report
+
+
+def test_interconnect_is_read_from_the_topology_matrix():
+    nvlink = """\tGPU0\tGPU1\tCPU Affinity
+GPU0\t X \tNV12\t0-63
+GPU1\tNV12\t X \t0-63"""
+    pcie = """\tGPU0\tGPU1\tCPU Affinity
+GPU0\t X \tPHB\t0-15
+GPU1\tPHB\t X \t0-15"""
+    assert hardware.interconnect(nvlink) == "NVLink"
+    assert hardware.interconnect(pcie) == "PCIe"
+    assert hardware.interconnect(None) is None
