@@ -75,7 +75,16 @@ def test_gpu_requested_where_there_is_none(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
     line = run_main(train_ddp.main, ["--device", "cuda", "--out", str(tmp_path)], capsys)
-    assert "no GPU is visible" in line and "--device cpu" in line
+    assert "PyTorch sees no GPU here" in line and "--device cpu" in line
+
+
+def test_a_gpu_index_past_the_last_gpu(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    line = run_main(train.main, ["--device", "cuda:2", "--out", str(tmp_path)], capsys)
+    assert "--device cuda:2 but only 2 GPU(s) are visible (cuda:0 to cuda:1)" in line
+    assert "--device takes auto, cpu, cuda or cuda:N" in run_main(
+        train.main, ["--device", "gpu", "--out", str(tmp_path)], capsys)
 
 
 def test_ddp_script_outside_torchrun_says_how_to_launch(capsys, monkeypatch, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import DDP_RUN_FLAGS, free_port
-from workshop_lib import checkpoint, launch, runlog
+from workshop_lib import checkpoint, data, faults, launch, runlog
 from workshop_lib.errors import CourseError
 
 BOUND_S = 60  # from the fault to the whole job's exit
@@ -49,8 +49,10 @@ def test_a_hanging_rank_becomes_an_error_at_the_collective_timeout(tmp_path):
 
 def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path, ddp_run):
     reference_dir, _ = ddp_run
-    # Step 50 of 23-step epochs: rank 1 dies in epoch 3, after epoch 2's checkpoint.
-    result, shown = launch_ddp(tmp_path, "--inject-fault", "kill@1:50", max_restarts=1)
+    # Rank 1 dies half-way through epoch 3, after epoch 2's checkpoint.
+    train_set, _, _ = data.load("digits")
+    step = faults.step_in_epoch(3, data.steps_per_epoch(len(train_set), 2, 32))
+    result, shown = launch_ddp(tmp_path, "--inject-fault", f"kill@1:{step}", max_restarts=1)
     assert result.ok, shown
     assert result.attempts == 2, "one restart"
     resumed, reference = runlog.read(tmp_path), runlog.read(reference_dir)

@@ -3,12 +3,14 @@
 One launch each (a torchrun launch costs ~10-30 s of start-up on a small machine);
 every test of a run reads that run's record.
 """
+import math
+
 import pytest
 import torch
 
 from conftest import DDP_RUN_EPOCHS as EPOCHS
 from conftest import run_course_command
-from workshop_lib import checkpoint, data, models, runlog, train
+from workshop_lib import checkpoint, data, faults, hardware, models, runlog, train
 
 # Measured on a 2-core CPU: 0.98-0.99 after 4-5 epochs, whatever the seed. A broken
 # gradient path (no all-reduce, a frozen layer, a wrong loss) stays far below.
@@ -18,7 +20,8 @@ ACCURACY_BAR = 0.95
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("train")
-    result = run_course_command(["-m", "workshop_lib.train", "--dataset", "digits",
+    result = run_course_command(["-m", "workshop_lib.train", "--device", "cpu",
+                                 "--dataset", "digits",
                                  "--epochs", str(EPOCHS), "--batch-size", "64",
                                  "--no-progress", "--out", str(out)])
     assert result.returncode == 0, result.stderr
@@ -46,10 +49,15 @@ def test_two_ranks_learn_with_the_global_batch_in_the_record(ddp_run):
     assert run.start["backend"] == "gloo"
     assert run.start["world_size"] == 2 and run.start["batch_size"] == 32
     assert run.final["global_batch_size"] == 64
-    assert run.start["threads_per_process"] == 1  # 2 ranks share 2 cores: one thread each
-    assert all(e["val_samples"] == 359 for e in run.epochs), "metrics cover the whole val set"
+    # 2 ranks share the cores: each gets half of them (at least one thread).
+    assert run.start["threads_per_process"] == hardware.threads_per_process(2)
+    train_set, val_set, _ = data.load("digits")
+    assert all(e["val_samples"] == len(val_set) for e in run.epochs), \
+        "metrics cover the whole validation set"
+    shard = math.ceil(len(train_set) / 2)
+    steps = data.steps_per_epoch(len(train_set), 2, 32)
     for rank in (0, 1):
-        assert f"[rank {rank}/2] cpu samples=719 steps=23" in result.stdout
+        assert f"[rank {rank}/2] cpu samples={shard} steps={steps}" in result.stdout
 
 
 def test_only_rank0_writes_and_the_checkpoint_loads_into_the_plain_model(ddp_run):
@@ -82,10 +90,13 @@ def test_single_process_resume_reproduces_the_uninterrupted_run(single_run, tmp_
     from workshop_lib.faults import InjectedFault
 
     reference_dir, _ = single_run
-    flags = ["--dataset", "digits", "--epochs", str(EPOCHS), "--batch-size", "64",
+    flags = ["--device", "cpu", "--dataset", "digits", "--epochs", str(EPOCHS),
+             "--batch-size", "64",
              "--no-progress", "--out", str(tmp_path)]
-    with pytest.raises(InjectedFault):  # dies in epoch 3 (23 steps per epoch)
-        train.main([*flags, "--inject-fault", "raise@0:50"])
+    train_set, _, _ = data.load("digits")
+    step = faults.step_in_epoch(3, data.steps_per_epoch(len(train_set), 1, 64))
+    with pytest.raises(InjectedFault):  # dies in epoch 3, after epoch 2's checkpoint
+        train.main([*flags, "--inject-fault", f"raise@0:{step}"])
     assert checkpoint.load(tmp_path / "checkpoint.pt")["epoch"] == 2
     train.main([*flags, "--resume"])
     resumed, reference = runlog.read(tmp_path), runlog.read(reference_dir)

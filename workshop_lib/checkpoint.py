@@ -31,16 +31,35 @@ def load(path, map_location="cpu"):
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
-def training_state(model, optimizer, scheduler, epoch):
+def training_state(model, optimizer, scheduler, epoch, job=None):
     """Everything needed to resume: ``model`` must be the plain (unwrapped) model.
 
     The data order needs no state of its own: each epoch's shuffle is seeded by
-    (seed, epoch), so knowing the epoch restores the sampler position.
+    (seed, epoch), so knowing the epoch restores the sampler position. ``job`` names the
+    torchrun job that wrote it (``distributed.job_id``), so that an elastic restart
+    resumes from its own job's checkpoint and never from one an earlier run left behind.
+    The CUDA random state saved is this process's GPU's only: a job resumed on another
+    number of GPUs restores it on each process's own GPU.
     """
+    device = next(model.parameters()).device
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "epoch": epoch,
+            "scheduler": scheduler.state_dict(), "epoch": epoch, "job": job,
             "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def from_job(path, job, say=True):
+    """Whether ``path`` is a checkpoint written by ``job``; if one is there but another
+    job's, say so in one line (when ``say``) and answer False: it is not ours to load."""
+    if not Path(path).is_file():
+        return False
+    written_by = load(path).get("job")
+    if written_by == job:
+        return True
+    if say:
+        print(f"not resuming from {path}: it was written by another run (job "
+              f"{written_by}), not this one ({job}); training from the start", flush=True)
+    return False
 
 
 def resume(path, model, optimizer, scheduler):
@@ -53,6 +72,7 @@ def resume(path, model, optimizer, scheduler):
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    device = next(model.parameters()).device
+    if state.get("cuda_rng") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
     return state["epoch"]

@@ -190,6 +190,12 @@ def shards_by_epoch(n, world_size, epochs, set_epoch=True, seed=0):
     return result
 
 
+def steps_per_epoch(n_samples, world_size, batch_size):
+    """Optimizer steps per epoch of a rank: ``DistributedSampler`` gives each rank
+    ceil(n / world_size) samples (padding the last shards), cut into batches."""
+    return math.ceil(math.ceil(n_samples / world_size) / batch_size)
+
+
 class TensorLoader:
     """Mini-batches sliced from tensors that sit on the training device.
 

@@ -16,14 +16,15 @@ DDP_STEPS = {
                            r"|from torch\.utils\.data\.distributed"
                            r"|from workshop_lib\.errors import CourseError)",
     "distributed sampler + set_epoch": r"(DistributedSampler|ShardSampler|set_epoch)",
-    "DDP wrap, .module to unwrap": r"(DDP\(|\.module\b)",
+    "DDP wrap, .module to unwrap": r"(DDP\(|\.module\b|\bwrap\(|process_group=)",
     "global metrics (all-reduce)": r"dist\.(all_reduce|broadcast)\(",
     "rank-0-only logging and checkpoints": r"\bis_rank0\b|\brank == 0\b",
     "elastic restarts and error reports": r"(TORCHELASTIC_RESTART_COUNT|restarted\b"
-                                          r"|record_errors|elastic)",
-    "process group: init and clean shutdown": r"(backend|init_process_group|device_id"
-                                              r"|^\s*(try:|finally:)|destroy_process_group"
-                                              r"|dist-timeout)",
+                                          r"|record_errors|elastic|\bjob\b|job_id)",
+    "process group: join, leave; abort on error": r"(backend|init_process_group|device_id"
+                                                  r"|^\s*(try:|except BaseException:|raise$)"
+                                                  r"|destroy_process_group|abort\(\)"
+                                                  r"|dist-timeout|\bdistributed\b)",
     "rank layout from torchrun": r"\b(rank|local_rank|world_size|local_world_size"
                                  r"|torchrun_env)\b|os\.environ",
     "names the DDP script": r"(train_ddp|torchrun)",

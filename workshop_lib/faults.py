@@ -47,6 +47,12 @@ def parse(spec):
     return Fault(match[1], int(match[2]), int(match[3]))
 
 
+def step_in_epoch(epoch, steps_per_epoch):
+    """The step half-way through ``epoch`` (1-based): a fault at ``step_in_epoch(2, n)``
+    lands after the first epoch's checkpoint, so a restart has something to resume."""
+    return (epoch - 1) * steps_per_epoch + steps_per_epoch // 2
+
+
 def inject(loader, spec, rank, steps_done=0):
     """Wrap a training loader so that the fault in ``spec`` fires on ``rank``, if any.
 

@@ -55,6 +55,12 @@ class LaunchResult:
     def ok(self):
         return self.returncode == 0
 
+    def outcome(self):
+        """What the job did, as plain values (for a notebook's record of it)."""
+        return {"ok": self.ok, "attempts": self.attempts, "failed_rank": self.failed_rank,
+                "exitcode": self.exitcode, "error": self.error, "seconds": self.seconds,
+                "fault_to_exit_s": self.fault_to_exit_s}
+
     def summary(self):
         restarts = f" after {self.attempts - 1} restart(s)" if self.attempts > 1 else ""
         if self.ok:

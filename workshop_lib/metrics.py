@@ -45,20 +45,21 @@ class TargetAccuracy:
         return f"val_acc >= {self.target} for {self.patience} epoch(s) in a row"
 
 
-def shard_accuracies(model, val_set, world_size, device="cpu"):
+def shard_accuracies(model, val_set, world_size, evaluate, device="cpu"):
     """Accuracy on each rank's validation shard, and on the whole set (notebook 02).
 
-    Shows why a DDP job must all-reduce its metrics: each rank alone sees a different
-    number, and the mean of the shard accuracies is not the global accuracy either
-    unless the shards are equally large.
+    ``evaluate(model, loader)`` is the training script's own evaluation (it returns the
+    sums [loss, correct, samples]). Shows why a DDP job must all-reduce its metrics: each
+    rank alone sees a different number, and the mean of the shard accuracies is not the
+    global accuracy either unless the shards are equally large.
     """
-    from workshop_lib import data, train
+    from workshop_lib import data
 
     per_rank = []
     for rank in range(world_size):
         loader = data.TensorLoader(val_set, 512, data.ShardSampler(val_set, rank, world_size),
                                    device)
-        _, correct, count = train.evaluate(model, loader).tolist()
+        _, correct, count = evaluate(model, loader).tolist()
         per_rank.append({"rank": rank, "correct": int(correct), "samples": int(count),
                          "accuracy": correct / count})
     total_correct = sum(r["correct"] for r in per_rank)

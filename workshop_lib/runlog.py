@@ -57,7 +57,8 @@ class RunLog:
         """``record``: the last epoch's, or None if a resumed run had nothing left to do."""
         if record is None:
             reason = "nothing left to train: the checkpoint is from the last epoch"
-            record = read(self.path).final if self.path.exists() else {"epoch": 0, "val_acc": 0}
+            logged = read(self.path).epochs if self.path.exists() else []
+            record = logged[-1] if logged else {"epoch": 0, "val_acc": 0.0}
         self.write("end", reason=reason, epochs=record["epoch"], val_acc=record["val_acc"],
                    elapsed_s=elapsed_s)
         if self.enabled:
@@ -92,11 +93,14 @@ class Run:
         return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
-def read(path):
-    """Read a run record (a ``run.jsonl`` file or the folder holding one)."""
+def read(path, missing_ok=False):
+    """Read a run record (a ``run.jsonl`` file or the folder holding one); None for a
+    missing one if ``missing_ok`` (a job that failed before it wrote anything)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or not path.suffix:
         path = path / RUN_LOG_NAME
+    if missing_ok and not path.is_file():
+        return None
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     run = Run(start=records[0])
     by_epoch = {}
@@ -139,3 +143,12 @@ def format_table(rows, columns):
     lines += [" ".join(f"{format(r[k], f):>{widths[k]}}" for k, (_, f) in columns.items())
               for r in rows]
     return "\n".join(lines)
+
+
+def save_json(path, value):
+    """Write ``value`` (plain data: a notebook's results) as JSON."""
+    Path(path).write_text(json.dumps(value, indent=1))
+
+
+def load_json(path):
+    return json.loads(Path(path).read_text())

@@ -43,15 +43,21 @@ def prepare_dataloaders(args, train_set, val_set, device):
     return train_sampler, train_loader, val_loader
 
 
+def train_step(model, optimizer, x, y):
+    """One optimizer step on the batch (x, y). Returns its mean loss, on the device."""
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def train_epoch(model, loader, optimizer, scheduler, progress):
     """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
     model.train()
-    loss_sum, samples = torch.zeros((), device=loader.x.device), 0
+    loss_sum, samples = torch.zeros((), device=next(model.parameters()).device), 0
     for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, x, y)
         scheduler.step()
         # Sum on the device, count on the host: loss.item() or building a tensor from a
         # Python number here would make every step wait for the GPU (a host-device sync).
@@ -64,7 +70,7 @@ def train_epoch(model, loader, optimizer, scheduler, progress):
 def evaluate(model, loader):
     """Returns [sum of losses, correct predictions, samples] as a tensor on the device."""
     model.eval()
-    sums, samples = torch.zeros(2, device=loader.x.device), 0
+    sums, samples = torch.zeros(2, device=next(model.parameters()).device), 0
     for x, y in loader:
         logits = model(x)
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"),
@@ -73,14 +79,8 @@ def evaluate(model, loader):
     return torch.cat([sums, torch.tensor([float(samples)], device=sums.device)])
 
 
-def synchronize(device):
-    """Wait for queued GPU work, so that the clock measures it (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def fit(args, device):
-    threads = hardware.configure_cpu_threads(device, processes_on_this_machine=1)
+    threads = hardware.configure_cpu_threads(device)
 
     train_set, val_set, info, model = load_train_objs(args, device)
     train_sampler, train_loader, val_loader = prepare_dataloaders(args, train_set, val_set, device)
@@ -119,10 +119,10 @@ def fit(args, device):
         lr_now = optimizer.param_groups[0]["lr"]
         # The same permutation for the same (seed, epoch): a resumed run sees the same data.
         train_sampler.generator.manual_seed(args.seed + epoch)
-        synchronize(device)
+        hardware.synchronize(device)
         epoch_start = time.perf_counter()
         train_sums = train_epoch(model, train_loader, optimizer, scheduler, args.progress)
-        synchronize(device)
+        hardware.synchronize(device)
         epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
         val_sums = evaluate(model, val_loader)
 

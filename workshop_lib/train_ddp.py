@@ -21,6 +21,7 @@ from workshop_lib import (
     checkpoint,
     cli,
     data,
+    distributed,
     faults,
     hardware,
     metrics,
@@ -39,6 +40,19 @@ def load_train_objs(args, device):
     return train_set, val_set, info, model
 
 
+def wrap(model, device, process_group=None):
+    """DDP broadcasts rank 0's parameters now, then all-reduces gradients in backward().
+
+    ``process_group``: the ranks that train this model (default: all). The bench wraps its
+    smaller worlds' models here too, so that it times the DDP set-up this script uses.
+    """
+    # forward_sync_buffers=False: no re-broadcast of BatchNorm buffers before every forward
+    # (training uses batch statistics; fit() syncs the buffers before evaluating). Measured
+    # 1.15x faster steps on 2 CPU ranks (python -m workshop_lib.bench, BENCHMARKS.md).
+    return DDP(model, device_ids=[device] if device.type == "cuda" else None,
+               process_group=process_group, forward_sync_buffers=False)
+
+
 def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):
     # Each rank draws a disjoint 1/world_size of a permutation that all ranks agree on.
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=args.seed)
@@ -49,15 +63,21 @@ def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):
     return train_sampler, train_loader, val_loader
 
 
+def train_step(model, optimizer, x, y):
+    """One optimizer step on the batch (x, y). Returns its mean loss, on the device."""
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def train_epoch(model, loader, optimizer, scheduler, progress):
     """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
     model.train()
-    loss_sum, samples = torch.zeros((), device=loader.x.device), 0
+    loss_sum, samples = torch.zeros((), device=next(model.parameters()).device), 0
     for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, x, y)
         scheduler.step()
         # Sum on the device, count on the host: loss.item() or building a tensor from a
         # Python number here would make every step wait for the GPU (a host-device sync).
@@ -70,7 +90,7 @@ def train_epoch(model, loader, optimizer, scheduler, progress):
 def evaluate(model, loader):
     """Returns [sum of losses, correct predictions, samples] as a tensor on the device."""
     model.eval()
-    sums, samples = torch.zeros(2, device=loader.x.device), 0
+    sums, samples = torch.zeros(2, device=next(model.parameters()).device), 0
     for x, y in loader:
         logits = model(x)
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"),
@@ -79,23 +99,12 @@ def evaluate(model, loader):
     return torch.cat([sums, torch.tensor([float(samples)], device=sums.device)])
 
 
-def synchronize(device):
-    """Wait for queued GPU work, so that the clock measures it (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def fit(args, device, rank, world_size, local_world_size):
+def fit(args, device, rank, world_size):
     is_rank0 = rank == 0  # the one process that writes files and prints the table
-    threads = hardware.configure_cpu_threads(device, processes_on_this_machine=local_world_size)
+    threads = hardware.configure_cpu_threads(device)
 
     train_set, val_set, info, model = load_train_objs(args, device)
-    # DDP broadcasts rank 0's parameters, then all-reduces gradients during backward().
-    # forward_sync_buffers=False: no re-broadcast of BatchNorm buffers before every forward
-    # (training uses batch statistics; fit() syncs the buffers before evaluating). Measured
-    # 1.15x faster steps on 2 CPU ranks (python -m workshop_lib.bench, BENCHMARKS.md).
-    model = DDP(model, device_ids=[device] if device.type == "cuda" else None,
-                forward_sync_buffers=False)
+    model = wrap(model, device)
     train_sampler, train_loader, val_loader = prepare_dataloaders(
         args, train_set, val_set, device, rank, world_size)
 
@@ -108,9 +117,12 @@ def fit(args, device, rank, world_size, local_world_size):
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
     start_epoch = 1
-    # After an elastic restart (torchrun --max-restarts), continue from the last checkpoint.
+    # After an elastic restart (torchrun --max-restarts), continue from this job's last
+    # checkpoint; one that an earlier run left in --out is not this job's to load.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if args.resume or (restarted and (args.out / "checkpoint.pt").exists()):
+    job = distributed.job_id()
+    if args.resume or (restarted and checkpoint.from_job(args.out / "checkpoint.pt", job,
+                                                         say=is_rank0)):
         start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model.module, optimizer,
                                             scheduler)
     train_loader = faults.inject(train_loader, args.inject_fault, rank,
@@ -134,11 +146,11 @@ def fit(args, device, rank, world_size, local_world_size):
         lr_now = optimizer.param_groups[0]["lr"]
         # A new permutation each epoch; without this every epoch repeats epoch 0's order.
         train_sampler.set_epoch(epoch)
-        synchronize(device)
+        hardware.synchronize(device)
         epoch_start = time.perf_counter()
         train_sums = train_epoch(model, train_loader, optimizer, scheduler,
                                  args.progress and is_rank0)
-        synchronize(device)
+        hardware.synchronize(device)
         epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
         # BatchNorm running statistics are buffers each rank updates from its own batches:
         # give every rank rank 0's, so all evaluate (and rank 0 saves) the same model.
@@ -154,7 +166,7 @@ def fit(args, device, rank, world_size, local_world_size):
         log.epoch(record)
         if is_rank0:  # the unwrapped model's state loads without DDP
             checkpoint.save_atomic(
-                checkpoint.training_state(model.module, optimizer, scheduler, epoch),
+                checkpoint.training_state(model.module, optimizer, scheduler, epoch, job),
                 args.out / "checkpoint.pt")
         if stop.reached(record["val_acc"]):
             stop_reason = stop.reason()
@@ -190,9 +202,14 @@ def main(argv=None):
                             timeout=timedelta(seconds=args.dist_timeout),
                             device_id=device if device.type == "cuda" else None)
     try:
-        fit(args, device, rank, world_size, local_world_size)
-    finally:
-        dist.destroy_process_group()
+        fit(args, device, rank, world_size)
+    except BaseException:
+        # No collective shutdown on the error path: the other ranks wait in a collective
+        # for this one, and NCCL's destroy would wait for them, so the error would never
+        # reach torchrun. Abort the connections; the others' collectives fail at once.
+        distributed.abort()
+        raise
+    dist.destroy_process_group()  # every rank finished: leave the group together
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""A rank that fails leaves its process group by abort, never by a collective shutdown.
+
+With NCCL, ``destroy_process_group()`` on a failing rank waits for the other ranks, which
+wait in a collective for the failing one: the job hangs until the collective timeout.
+Gloo does not show this, so these tests pin the error path itself, in this process, on
+a one-rank gloo group: every entry point that joins a group aborts it when its work
+raises, and destroys it (the collective, clean shutdown) only when the work finished.
+"""
+import pytest
+import torch.distributed as dist
+
+from conftest import free_port
+from workshop_lib import distributed, extras, train_ddp
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """torchrun's environment for a one-process job, and a record of how it left."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    left = []
+    destroy, abort = dist.destroy_process_group, distributed.abort
+    monkeypatch.setattr(dist, "destroy_process_group",
+                        lambda *a, **k: (left.append("destroy"), destroy(*a, **k)))
+    monkeypatch.setattr(distributed, "abort", lambda: (left.append("abort"), abort()))
+    yield left
+    assert not dist.is_initialized(), "the process group was left behind"
+
+
+def fails(*args, **kwargs):
+    raise RuntimeError("a bug on this rank")
+
+
+def test_train_ddp_aborts_on_error(one_rank, monkeypatch, tmp_path):
+    monkeypatch.setattr(train_ddp, "fit", fails)
+    with pytest.raises(RuntimeError, match="a bug on this rank"):
+        train_ddp.main(["--device", "cpu", "--out", str(tmp_path)])
+    assert one_rank == ["abort"]
+
+
+def test_train_ddp_leaves_together_when_it_finished(one_rank, monkeypatch, tmp_path):
+    monkeypatch.setattr(train_ddp, "fit", lambda *args: None)
+    train_ddp.main(["--device", "cpu", "--out", str(tmp_path)])
+    assert one_rank == ["destroy"]
+
+
+def test_extras_aborts_on_error(one_rank, monkeypatch):
+    monkeypatch.setattr(extras, "measure", fails)
+    with pytest.raises(RuntimeError, match="a bug on this rank"):
+        extras.main(["--device", "cpu"])
+    assert one_rank == ["abort"]
+
+
+def test_the_shared_helper_aborts_on_error_and_destroys_on_success(one_rank):
+    with pytest.raises(KeyboardInterrupt), distributed.process_group("gloo"):
+        raise KeyboardInterrupt  # Ctrl-C in a notebook is an error path too
+    with distributed.process_group("gloo"):
+        pass
+    assert one_rank == ["abort", "destroy"]
