@@ -805,7 +805,7 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 3 rounds, short windows and epochs, all-reduces up "
                              "to 4 MB, a smaller scaling step on a CPU")
-    parser.add_argument("--device", default="auto", choices=hardware.DEVICE_CHOICES)
+    parser.add_argument("--device", default="auto", type=hardware.device_flag)
     parser.add_argument("--nproc", type=int, default=None,
                         help="processes at most (default: one per GPU, else "
                              f"{hardware.CPU_PROCESSES})")
