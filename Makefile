@@ -1,6 +1,8 @@
 # One entry point for learners, instructors and CI.
-#   make lab    set up (first time only) and open the course in JupyterLab
-#   make test   set up (first time only) and run the whole test suite
+#   make lab        set up (first time only) and open the course in JupyterLab
+#   make test       set up (first time only) and run the whole test suite
+#   make test-fast  the tests that start no processes (under a minute): everyday work
+#   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +12,7 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test doctor lint html bench clean
+.PHONY: setup lab test test-fast gpu-check doctor lint html bench clean
 
 setup: $(STAMP)
 
@@ -44,6 +46,16 @@ html: setup
 test: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter
 	$(BIN)/python -m pytest
+
+# No torchrun, spawned ranks, papermill, nbgrader or browser: the logic, in seconds.
+test-fast: setup
+	$(BIN)/ruff check workshop_lib tests assessment jupyter
+	$(BIN)/python -m pytest -m "not slow" -q
+
+# The instructor's check of a GPU workstation image: GPU-marked tests, every notebook with
+# the GPU profile, the quick bench; the report goes to build/gpu-check/.
+gpu-check: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m workshop_lib.gpu_check --out build/gpu-check
 
 # Scaling, loop overhead, communication and data path, measured on this machine (BENCHMARKS.md).
 bench: setup
