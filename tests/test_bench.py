@@ -9,8 +9,10 @@ import math
 
 import pytest
 
+import workshop_lib.bench.__main__ as command
 from conftest import run_course_command
-from workshop_lib import bench, profile
+from workshop_lib import profile
+from workshop_lib.bench import analyse, plan
 
 
 def stats_are_sane(stats, positive=True):
@@ -20,6 +22,11 @@ def stats_are_sane(stats, positive=True):
     assert stats["n"] >= 3, stats
     if positive:
         assert stats["min"] > 0, stats
+
+
+def shown(stats, spec, scale=1.0):
+    """How the table shows a summary: median [min..max]."""
+    return "{} [{}..{}]".format(*(format(stats[k] * scale, spec) for k in ("median", "min", "max")))
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +39,7 @@ def quick_bench(tmp_path_factory):
     return json.loads(out.read_text()), result.stdout
 
 
+@pytest.mark.slow
 def test_scaling_covers_every_world_size_in_both_modes(quick_bench):
     report, _ = quick_bench
     world_sizes = report["setup"]["world_sizes"]
@@ -59,6 +67,7 @@ def test_scaling_covers_every_world_size_in_both_modes(quick_bench):
         assert len({r["batch_size"] for r in rows if r["mode"] == "weak"}) == 1
 
 
+@pytest.mark.slow
 def test_loop_overhead_and_data_path_are_positive_ratios(quick_bench):
     report, _ = quick_bench
     assert [r["config"] for r in report["loop_overhead"]] == ["course", "scaling"]
@@ -75,9 +84,11 @@ def test_loop_overhead_and_data_path_are_positive_ratios(quick_bench):
             stats_are_sane(row[key])
 
 
+@pytest.mark.slow
 def test_allreduce_bandwidth_rises_with_message_size(quick_bench):
     report, _ = quick_bench
-    sweep = report["communication"]["allreduce"]["2"]
+    communication = report["communication"]
+    sweep = communication["allreduce"]["2"]
     sizes = [r["bytes"] for r in sweep]
     assert sizes[0] == 1024 and sizes == sorted(sizes) and len(sizes) >= 6
     for row in sweep:
@@ -91,6 +102,7 @@ def test_allreduce_bandwidth_rises_with_message_size(quick_bench):
     assert sorted(bandwidth[half:])[len(bandwidth[half:]) // 2] > max(bandwidth[:half])
 
 
+@pytest.mark.slow
 def test_exposed_communication_against_the_floor(quick_bench):
     report, _ = quick_bench
     rows = report["communication"]["exposed"]
@@ -101,60 +113,75 @@ def test_exposed_communication_against_the_floor(quick_bench):
         stats_are_sane(row["no_sync_step_s"])
         stats_are_sane(row["exposed_s"], positive=False)  # noise can make it negative
         stats_are_sane(row["no_sync_efficiency"])
-        stats_are_sane(row["no_buffer_sync_step_s"])
-        stats_are_sane(row["no_buffer_sync_speedup"])
+        stats_are_sane(row["buffer_sync_step_s"])
+        stats_are_sane(row["buffer_sync_slowdown"])
         assert row["gradient_bytes"] == 4 * row["parameters"]
         # The floor is the formula applied to the measured bandwidth at the gradients' size.
-        bandwidth = bench.bus_bandwidth_at(sweep, row["gradient_bytes"])
+        bandwidth = analyse.bus_bandwidth_at(sweep, row["gradient_bytes"])
         assert row["bus_bandwidth_gb_s"] == pytest.approx(bandwidth)
         assert row["floor_s"] == pytest.approx(row["gradient_bytes"] / (bandwidth * 1e9))
 
 
+@pytest.mark.slow
 def test_table_shows_the_json_figures(quick_bench):
     report, stdout = quick_bench
-    # The printed table is the JSON, formatted: every figure appears in both.
-    assert bench.format_report(report) in stdout
     lines = stdout.splitlines()
-    for row in report["scaling"]:
-        cells = [row["config"], row["mode"], bench.format_stats(row["samples_per_s"], ",.0f"),
-                 bench.format_stats(row["efficiency"], ".2f")]
+    setup = report["setup"]
+    assert lines[0].startswith(f"workshop_lib.bench: {setup['device']}, {setup['backend']}")
+    assert f"{setup['world_size']} process(es)" in lines[0]
+
+    def in_one_line(*cells):
         assert any(all(c in line for c in cells) for line in lines), cells
+
+    for row in report["scaling"]:
+        in_one_line(row["config"], row["mode"], shown(row["samples_per_s"], ",.0f"),
+                    shown(row["speedup"], ".2f"), shown(row["efficiency"], ".2f"))
     for row in report["loop_overhead"]:
-        assert bench.format_stats(row["ratio"], ".3f") in stdout
+        in_one_line(row["config"], shown(row["ratio"], ".3f"),
+                    shown(row["ratio_by_cpu_time"], ".3f"))
     for row in report["communication"]["allreduce"]["2"]:
-        assert bench.format_stats(row["bus_bandwidth_gb_s"], ".3f") in stdout
+        in_one_line(shown(row["seconds"], ".3f", 1e3), shown(row["bus_bandwidth_gb_s"], ".3f"))
+    for row in report["communication"]["exposed"]:
+        in_one_line(row["config"], shown(row["ddp_step_s"], ".2f", 1e3),
+                    shown(row["no_sync_step_s"], ".2f", 1e3), f"{row['floor_s'] * 1e3:.3f}")
+        in_one_line(row["config"], shown(row["buffer_sync_step_s"], ".2f", 1e3),
+                    shown(row["buffer_sync_slowdown"], ".2f"))
+    for row in report["data_path"]["rows"]:
+        in_one_line(shown(row["ratio"], ".2f"))
     assert "wrote" in stdout
 
 
 def test_interpolated_bandwidth_and_floor():
     rows = [{"bytes": 1024, "bus_bandwidth_gb_s": {"median": 0.01}},
             {"bytes": 4096, "bus_bandwidth_gb_s": {"median": 0.04}}]
-    assert bench.bus_bandwidth_at(rows, 2048) == pytest.approx(0.02)  # log-log midpoint
-    assert bench.bus_bandwidth_at(rows, 10) == 0.01
-    assert bench.bus_bandwidth_at(rows, 10**9) == 0.04
+    assert analyse.bus_bandwidth_at(rows, 2048) == pytest.approx(0.02)  # log-log midpoint
+    assert analyse.bus_bandwidth_at(rows, 10) == 0.01
+    assert analyse.bus_bandwidth_at(rows, 10**9) == 0.04
     # Ring all-reduce: each of N ranks moves 2(N-1)/N of the bytes.
-    assert bench.allreduce_floor_s(4, 1e9, 1.0) == pytest.approx(1.5)
-    assert bench.allreduce_floor_s(2, 1e9, 1.0) == pytest.approx(1.0)
+    assert analyse.allreduce_floor_s(4, 1e9, 1.0) == pytest.approx(1.5)
+    assert analyse.allreduce_floor_s(2, 1e9, 1.0) == pytest.approx(1.0)
 
 
 def test_per_round_ratios_pair_runs_of_the_same_round():
-    assert bench.per_round([2, 4, 9], [1, 4, 3]) == {"median": 2, "min": 1, "max": 3, "n": 3}
-    assert bench.summary([3, 1, 2]) == {"median": 2, "min": 1, "max": 3, "n": 3}
+    assert analyse.per_round([2, 4, 9], [1, 4, 3]) == {"median": 2, "min": 1, "max": 3, "n": 3}
+    assert analyse.summary([3, 1, 2]) == {"median": 2, "min": 1, "max": 3, "n": 3}
 
 
 def test_several_batch_sizes_give_one_scaling_step_each():
     course = profile.get_profile("cpu")
-    configs = bench.default_configs("cpu", batch_sizes=[64, 256])
+    configs = plan.default_configs("cpu", batch_sizes=[64, 256])
     assert [(c.name, c.model, c.batch_size) for c in configs] == [
         ("course", course.model, course.batch_size), ("scaling-64", "cnn", 64),
         ("scaling-256", "cnn", 256)]
-    assert [c.name for c in bench.default_configs("cpu")] == ["course", "scaling"]
+    assert [c.name for c in plan.default_configs("cpu")] == ["course", "scaling"]
 
 
 @pytest.mark.parametrize("flags", [["--nproc", "0"], ["--rounds", "0"], ["--batch-size", "0"],
-                                   ["--model", "resnet"], ["--loader-workers", "-1"]])
+                                   ["--model", "resnet"], ["--loader-workers", "-1"],
+                                   ["--nproc", "two"], ["--no-such-flag"]])
 def test_bad_flags_stop_before_any_process_starts(flags, capsys):
     with pytest.raises(SystemExit) as stop:
-        bench.main([*flags, "--device", "cpu"])
+        command.main([*flags, "--device", "cpu"])
     assert stop.value.code == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1

@@ -1,0 +1,140 @@
+"""The printed table: the report's JSON, formatted, one section per measurement."""
+from workshop_lib import runlog
+from workshop_lib.bench.plan import KB, MB
+
+
+def format_stats(stats, spec, scale=1.0):
+    """``median [min..max]`` of a summary, each number formatted with ``spec``."""
+    return (f"{format(stats['median'] * scale, spec)} "
+            f"[{format(stats['min'] * scale, spec)}..{format(stats['max'] * scale, spec)}]")
+
+
+def format_bytes(nbytes):
+    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
+
+
+def format_report(report):
+    sections = (header, scaling_section, loop_overhead_section, communication_section,
+                data_path_section)
+    return "\n\n".join("\n".join(section(report)) for section in sections)
+
+
+def header(report):
+    setup = report["setup"]
+    threads = setup["threads_per_process"]
+    lines = [
+        f"workshop_lib.bench: {setup['device']}, {setup['backend']}, "
+        f"{setup['world_size']} process(es) x {threads or 'one GPU'} "
+        f"{'thread' if threads else ''}, dataset {setup['dataset']}, "
+        f"torch {report['hardware']['torch']}, {report['hardware']['cpu_cores']} CPU cores",
+        f"load average (1 min): {report['load_average']['start'][0]:.2f} at start, "
+        f"{report['load_average']['end'][0]:.2f} at end; wall {report['wall_s']:.0f} s",
+        f"figures: median [min..max] over n={setup['rounds']} rounds; the runs compared are "
+        f"interleaved within each round",
+    ]
+    on_cpu = min(r["on_cpu_share"]["median"] for r in report["loop_overhead"])
+    if setup["device"] == "cpu" and on_cpu < 0.9:
+        lines.append(f"warning: other processes held the CPU for {1 - on_cpu:.0%} of a "
+                     f"single-process window; the figures are noisy (see the load average)")
+    return lines
+
+
+def scaling_section(report):
+    rows = [{
+        "config": r["config"], "model": r["model"], "mode": r["mode"],
+        "procs": r["world_size"], "batch": r["batch_size"], "global": r["global_batch_size"],
+        "sps": format_stats(r["samples_per_s"], ",.0f"),
+        "speedup": format_stats(r["speedup"], ".2f"),
+        "efficiency": format_stats(r["efficiency"], ".2f"),
+        "predicted": "" if r["predicted_efficiency"] is None
+        else f"{r['predicted_efficiency']:.2f}",
+    } for r in report["scaling"]]
+    return [
+        "1. Scaling (efficiency = speed-up / processes; predicted: one process's step plus "
+        "the all-reduce floor, no overlap)",
+        runlog.format_table(rows, {
+            "config": ("config", ""), "model": ("model", ""), "mode": ("mode", ""),
+            "procs": ("procs", "d"), "batch": ("batch/proc", "d"), "global": ("global", "d"),
+            "sps": ("samples/s", ""), "speedup": ("speed-up", ""),
+            "efficiency": ("efficiency", ""), "predicted": ("predicted", "")}),
+    ]
+
+
+def loop_overhead_section(report):
+    loop = report["loop_overhead"]
+    rows = [{"config": r["config"], "model": r["model"], "batch": r["batch_size"],
+             "library": format_stats(r["library_samples_per_s"], ",.0f"),
+             "bare": format_stats(r["bare_samples_per_s"], ",.0f"),
+             "ratio": format_stats(r["ratio"], ".3f"),
+             "ratio_cpu": format_stats(r["ratio_by_cpu_time"], ".3f"),
+             "on_cpu": format_stats(r["on_cpu_share"], ".2f")} for r in loop]
+    return [
+        f"2. Loop overhead: train.train_epoch + TensorLoader vs a bare loop (target ratio "
+        f">= {loop[0]['target']})",
+        runlog.format_table(rows, {
+            "config": ("config", ""), "model": ("model", ""), "batch": ("batch", "d"),
+            "library": ("library samples/s", ""), "bare": ("bare samples/s", ""),
+            "ratio": ("ratio", ""), "ratio_cpu": ("ratio by CPU time", ""),
+            "on_cpu": ("on-CPU share", "")}),
+    ]
+
+
+def communication_section(report):
+    communication = report["communication"]
+    lines = ["3. Communication"]
+    for w, sweep in communication["allreduce"].items():
+        lines.append(f"all-reduce over {w} ranks (bus bandwidth = bytes / time * 2(N-1)/N)")
+        rows = [{"size": format_bytes(r["bytes"]),
+                 "time": format_stats(r["seconds"], ".3f", 1e3),
+                 "bandwidth": format_stats(r["bus_bandwidth_gb_s"], ".3f"),
+                 "n": r["seconds"]["n"]} for r in sweep]
+        lines.append(runlog.format_table(rows, {
+            "size": ("size", ""), "time": ("time ms", ""), "bandwidth": ("bus GB/s", ""),
+            "n": ("n", "d")}))
+    if communication["exposed"]:
+        lines += exposed_tables(communication["exposed"])
+    return lines
+
+
+def exposed_tables(exposed):
+    rows = [{"config": r["config"], "model": r["model"], "procs": r["world_size"],
+             "batch": r["batch_size"], "grad": f"{r['gradient_bytes'] / MB:.2f}",
+             "ddp": format_stats(r["ddp_step_s"], ".2f", 1e3),
+             "no_sync": format_stats(r["no_sync_step_s"], ".2f", 1e3),
+             "exposed": format_stats(r["exposed_s"], ".2f", 1e3),
+             "floor": f"{r['floor_s'] * 1e3:.3f}",
+             "no_sync_eff": format_stats(r["no_sync_efficiency"], ".2f"),
+             "buffer_sync": format_stats(r["buffer_sync_step_s"], ".2f", 1e3),
+             "slowdown": format_stats(r["buffer_sync_slowdown"], ".2f")} for r in exposed]
+    return [
+        "exposed communication: DDP step (train_ddp.wrap) vs the same step under no_sync; "
+        "floor = 2(N-1)/N * gradient bytes / bus bandwidth at that size",
+        runlog.format_table(rows, {
+            "config": ("config", ""), "model": ("model", ""), "procs": ("procs", "d"),
+            "batch": ("batch/proc", "d"), "grad": ("grad MB", ""),
+            "ddp": ("DDP step ms", ""), "no_sync": ("no_sync step ms", ""),
+            "exposed": ("exposed ms", ""), "floor": ("floor ms", ""),
+            "no_sync_eff": ("efficiency without all-reduce", "")}),
+        "the same step with DDP defaults (forward_sync_buffers=True: BatchNorm buffers "
+        "re-sent from rank 0 before every forward), which train_ddp.wrap turns off",
+        runlog.format_table(rows, {
+            "config": ("config", ""), "model": ("model", ""), "procs": ("procs", "d"),
+            "batch": ("batch/proc", "d"), "ddp": ("DDP step ms", ""),
+            "buffer_sync": ("DDP defaults ms", ""), "slowdown": ("slowdown", "")}),
+    ]
+
+
+def data_path_section(report):
+    path = report["data_path"]
+    rows = [{"what": "training" if r["what"] == "train" else "loading only",
+             "tensor": format_stats(r["tensor_loader_samples_per_s"], ",.0f"),
+             "loader": format_stats(r["data_loader_samples_per_s"], ",.0f"),
+             "ratio": format_stats(r["ratio"], ".2f")} for r in path["rows"]]
+    return [
+        f"4. Data path ({path['config']} step, {path['model']}, batch {path['batch_size']}): "
+        f"device-resident TensorLoader vs DataLoader with {path['workers']} workers "
+        f"(start-up {path['worker_startup_s']:.2f} s, not in the figures)",
+        runlog.format_table(rows, {
+            "what": ("samples/s", ""), "tensor": ("TensorLoader", ""),
+            "loader": ("DataLoader", ""), "ratio": ("ratio", "")}),
+    ]

@@ -1,0 +1,131 @@
+"""The measurements one process takes alone: loop overhead and the data path.
+
+Rank 0 runs these after the process group has been left, while the other ranks have
+exited: no rank waits in a collective for minutes of single-process work (with Wide
+ResNet 16-10 on GPUs these sections outlast any sensible collective timeout).
+"""
+import copy
+import multiprocessing
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+from workshop_lib import data, hardware, scaling, train
+from workshop_lib.train import train_step  # the step learners run, timed as it is
+
+
+def alone(plan, device, train_set, info):
+    """Loop overhead for every config, and the data path for the course's step."""
+    started = time.perf_counter()
+    # These windows are whole epochs: --quick cuts the epoch short.
+    epoch_set = train_set if not plan.epoch_samples else TensorDataset(
+        *(t[:plan.epoch_samples] for t in train_set.tensors))
+    results = {"loop_overhead": {
+        config.name: loop_overhead(plan, device, epoch_set, info, config)
+        for config in plan.configs}}
+    log(f"loop overhead done ({time.perf_counter() - started:.0f} s)")
+    results["data_path"] = data_path(plan, device, epoch_set, info, plan.configs[0])
+    log(f"data path done ({time.perf_counter() - started:.0f} s)")
+    return results
+
+
+def log(message):
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def interleaved_epochs(plan, device, loops, samples_per_epoch):
+    """Time each of ``loops`` (one epoch per call), alternating, for ``plan.rounds`` rounds."""
+    epochs = {}
+    for name, epoch in loops.items():
+        epoch()  # warm-up
+        hardware.synchronize(device)
+        start = time.perf_counter()
+        epoch()
+        hardware.synchronize(device)
+        epochs[name] = max(1, round(plan.window_s / (time.perf_counter() - start)))
+    seconds = {name: [] for name in loops}
+    # This process's CPU time too: against the wall time it says how much of the window
+    # other work on the machine took from it.
+    cpu_seconds = {name: [] for name in loops}
+    names = list(loops)
+    for r in range(plan.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            hardware.synchronize(device)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for _ in range(epochs[name]):
+                loops[name]()
+            hardware.synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+            cpu_seconds[name].append(time.process_time() - cpu_start)
+    return {name: {"seconds": seconds[name], "cpu_seconds": cpu_seconds[name],
+                   "samples": epochs[name] * samples_per_epoch} for name in loops}
+
+
+def loop_overhead(plan, device, epoch_set, info, config):
+    """train.train_epoch with a TensorLoader against the bare minimum, same batches."""
+    b = config.batch_size
+    library_model = config.build(info).to(device)
+    bare_model = copy.deepcopy(library_model)
+    generator = torch.Generator().manual_seed(0)
+    loader = data.TensorLoader(epoch_set, b, RandomSampler(epoch_set, generator=generator),
+                               device)
+    library_optimizer = config.optimizer(library_model)
+    # The schedule train.py builds: a warmup epoch, then cosine decay.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        library_optimizer, lambda step: scaling.lr_factor(step, len(loader), 10**6))
+    bare_optimizer = config.optimizer(bare_model)
+    # The bare loop's data: one shuffled copy on the device, cut into the same batch
+    # sizes once, outside the clock.
+    order = torch.randperm(len(epoch_set), generator=generator).to(device)
+    bare_batches = list(zip(loader.x[order].split(b), loader.y[order].split(b), strict=True))
+
+    def library_epoch():
+        train.train_epoch(library_model, loader, library_optimizer, scheduler, progress=False)
+
+    def bare_epoch():
+        for x, y in bare_batches:
+            train_step(bare_model, bare_optimizer, x, y)
+
+    loops = {"library": library_epoch, "bare": bare_epoch}
+    return interleaved_epochs(plan, device, loops, samples_per_epoch=len(epoch_set))
+
+
+def data_path(plan, device, epoch_set, info, config):
+    """Device-resident TensorLoader against a DataLoader with workers: training fed by
+    each, and each loader alone (batches moved to the device, no training)."""
+    b, workers = config.batch_size, plan.loader_workers
+    model = config.build(info).to(device)
+    optimizer = config.optimizer(model)
+    tensor_loader = data.TensorLoader(
+        epoch_set, b, RandomSampler(epoch_set, generator=torch.Generator().manual_seed(0)),
+        device)
+    # Workers forked, as a training script started by torchrun on Linux gets them (this
+    # spawned process would default to spawn, whose workers import torch afresh).
+    context = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
+    data_loader = DataLoader(
+        epoch_set, b, shuffle=True, num_workers=workers,
+        persistent_workers=workers > 0, pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(0), multiprocessing_context=context)
+    start = time.perf_counter()
+    next(iter(data_loader))  # worker start-up: paid once per run with persistent workers
+    startup_s = time.perf_counter() - start
+
+    def train_on(loader):
+        for x, y in loader:
+            train_step(model, optimizer, x.to(device, non_blocking=True),
+                       y.to(device, non_blocking=True))
+
+    def load_only(loader):
+        for x, y in loader:  # the copies to the device are the work timed here
+            x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    loops = {
+        "train/tensor_loader": lambda: train_on(tensor_loader),
+        "train/data_loader": lambda: train_on(data_loader),
+        "load/tensor_loader": lambda: load_only(tensor_loader),
+        "load/data_loader": lambda: load_only(data_loader),
+    }
+    timings = interleaved_epochs(plan, device, loops, samples_per_epoch=len(epoch_set))
+    return {"timings": timings, "workers": workers, "worker_startup_s": startup_s}
