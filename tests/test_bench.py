@@ -2,17 +2,23 @@
 
 Speed itself is measured by ``python -m workshop_lib.bench``, not asserted here: these
 tests check that the figures exist, are finite and positive where they must be, follow
-from the raw timings, and that the printed table shows what the JSON holds.
+from the raw timings, and that the printed table shows what the JSON holds. They also pin
+the bench to what learners run: ``train.train_step`` and ``train_ddp.wrap``.
 """
 import json
 import math
 
 import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import workshop_lib.bench.__main__ as command
 from conftest import run_course_command
-from workshop_lib import profile
-from workshop_lib.bench import analyse, plan
+from workshop_lib import data, distributed, profile, train, train_ddp
+from workshop_lib.bench import analyse, measure, plan, solo
+
+CPU = torch.device("cpu")
 
 
 def stats_are_sane(stats, positive=True):
@@ -149,6 +155,36 @@ def test_table_shows_the_json_figures(quick_bench):
     for row in report["data_path"]["rows"]:
         in_one_line(shown(row["ratio"], ".2f"))
     assert "wrote" in stdout
+
+
+def test_the_bench_times_the_course_step_and_the_course_wrap():
+    """The bench's DDP models are train_ddp's, option for option, and its step is train's:
+    a copy that drifts from what learners run would time something else."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{distributed.free_port()}",
+                            rank=0, world_size=1)
+    try:
+        bench_plan = plan.make_plan(command.parse_args(["--quick", "--nproc", "2"]), CPU)
+        info = data.DATASETS[bench_plan.dataset]
+        world = measure.World(0, bench_plan, CPU, train_set=None, info=info)
+        config = bench_plan.configs[0]
+        # The models the bench times at N processes (in this one-rank group).
+        bench_ddp = measure.model_for(world, config, bench_plan.world_size)
+        bench_defaults = measure.model_for(world, config, bench_plan.world_size,
+                                           buffer_sync=True)
+        course_ddp = train_ddp.wrap(config.build(info), CPU)
+        ddp_defaults = DDP(config.build(info))
+    finally:
+        dist.destroy_process_group()
+    options = ("forward_sync_buffers", "find_unused_parameters", "gradient_as_bucket_view",
+               "bucket_bytes_cap", "static_graph", "device_ids")
+    assert {o: getattr(bench_ddp, o) for o in options} == {
+        o: getattr(course_ddp, o) for o in options}
+    # The comparison row is DDP with its defaults, which re-send buffers every forward.
+    assert {o: getattr(bench_defaults, o) for o in options} == {
+        o: getattr(ddp_defaults, o) for o in options}
+    assert bench_defaults.forward_sync_buffers and not bench_ddp.forward_sync_buffers
+    assert measure.train_step is train.train_step
+    assert solo.train_step is train.train_step
 
 
 def test_interpolated_bandwidth_and_floor():
