@@ -97,6 +97,8 @@ def test_allreduce_bandwidth_rises_with_message_size(quick_bench):
     sweep = communication["allreduce"]["2"]
     sizes = [r["bytes"] for r in sweep]
     assert sizes[0] == 1024 and sizes == sorted(sizes) and len(sizes) >= 6
+    # The sweep reaches the gradients the floor is predicted from.
+    assert sizes[-1] >= max(r["gradient_bytes"] for r in communication["exposed"])
     for row in sweep:
         stats_are_sane(row["seconds"])
         stats_are_sane(row["bus_bandwidth_gb_s"])
@@ -185,6 +187,23 @@ def test_the_bench_times_the_course_step_and_the_course_wrap():
     assert bench_defaults.forward_sync_buffers and not bench_ddp.forward_sync_buffers
     assert measure.train_step is train.train_step
     assert solo.train_step is train.train_step
+
+
+def test_the_sweep_reaches_the_largest_gradients():
+    """The floor is read off a measured size, also with --quick; on a CPU --quick stays
+    at 4 MB, since its steps' gradients are smaller."""
+    def largest_gradients(configs):
+        return max(plan.model_facts(c, data.DATASETS["digits"])["gradient_bytes"]
+                   for c in configs)
+
+    cpu_plan = plan.make_plan(command.parse_args(["--quick", "--device", "cpu"]), CPU)
+    assert largest_gradients(cpu_plan.configs) < 4 * plan.MB
+    assert cpu_plan.allreduce_sizes == tuple(plan.KB * 4**k for k in range(7))  # 1 KB..4 MB
+    largest = largest_gradients([plan.StepConfig("scaling", "wrn-16-10", 128)])  # on GPUs
+    for quick, top in ((True, 4 * plan.MB), (False, 256 * plan.MB)):
+        sizes = plan.allreduce_sizes(largest, quick)
+        assert sizes[-2] < max(largest, top) <= sizes[-1]
+        assert all(b == 4 * a for a, b in zip(sizes, sizes[1:], strict=False))
 
 
 def test_interpolated_bandwidth_and_floor():

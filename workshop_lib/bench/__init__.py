@@ -12,10 +12,11 @@ as JSON):
    beside the efficiency predicted from one process's step time and the all-reduce floor.
 2. Loop overhead: ``train.train_epoch`` fed by ``data.TensorLoader`` against a bare loop
    over the same model and data already on the device, as a ratio.
-3. Communication: the all-reduce bus bandwidth from 1 KB to 256 MB; DDP's step against
-   the same step under ``no_sync`` (no gradient all-reduce) and against DDP with its
-   defaults (BatchNorm buffers re-sent before every forward); and the floor
-   ``2(N-1)/N * gradient bytes / bus bandwidth`` that no implementation can beat.
+3. Communication: the all-reduce bus bandwidth from 1 KB to 256 MB (and on to the largest
+   gradients); DDP's step against the same step under ``no_sync`` (no gradient
+   all-reduce) and against DDP with its defaults (BatchNorm buffers re-sent before every
+   forward); and the floor ``2(N-1)/N * gradient bytes / bus bandwidth`` that no
+   implementation can beat.
 4. Data path: the device-resident ``TensorLoader`` against a ``DataLoader`` with workers.
 
 Every timed step is ``train.train_step`` and every DDP model is wrapped by

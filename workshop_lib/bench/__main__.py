@@ -25,8 +25,8 @@ def parse_args(argv):
     add("--out", type=Path, default=Path("runs/bench.json"),
         help="the figures as JSON (default: %(default)s)")
     add("--quick", action="store_true",
-        help="a smoke run: 3 rounds, short windows and epochs, all-reduces up to 4 MB, "
-             "a smaller scaling step on a CPU")
+        help="a smoke run: 3 rounds, short windows and epochs, all-reduces up to 4 MB (or "
+             "the largest gradients), a smaller scaling step on a CPU")
     add("--device", default="auto", type=hardware.device_flag)
     add("--nproc", type=int, default=None,
         help=f"processes at most (default: one per GPU with two or more GPUs, else "

@@ -139,6 +139,20 @@ def default_configs(device_type, model=None, batch_sizes=None, width=None, quick
     return (StepConfig("course", course.model, course.batch_size), *tuned)
 
 
+def allreduce_sizes(largest_gradient_bytes, quick):
+    """1 KB, 4 KB, 16 KB, ... up to 256 MB (4 MB with --quick), and on to the first size at
+    or above the largest gradients, so that the floor is read off a measured size.
+
+    A 256 MB gloo all-reduce takes under a second on 2 cores, so a CPU can afford the
+    whole range; Wide ResNet 16-10's 68 MB of gradients take the quick sweep to 256 MB.
+    """
+    top = max(4 * MB if quick else 256 * MB, largest_gradient_bytes)
+    sizes = [KB]
+    while sizes[-1] < top:
+        sizes.append(sizes[-1] * 4)
+    return tuple(sizes)
+
+
 def default_nproc(device):
     """One process per GPU with two or more GPUs, else ``hardware.CPU_PROCESSES``."""
     return hardware.detect().ddp_nproc if device.type == "cuda" else hardware.CPU_PROCESSES
@@ -164,9 +178,8 @@ def make_plan(args, device):
         # A CPU bench must finish in minutes: the offline dataset unless told otherwise.
         dataset = "digits" if args.dataset == "auto" else data.resolve_name(args.dataset)
     configs = default_configs(device.type, args.model, args.batch_size, args.width, args.quick)
-    # 1 KB to 256 MB in steps of 4x (a 256 MB gloo all-reduce takes under a second on
-    # 2 cores, so a CPU can afford the whole range; --quick stops at 4 MB).
-    largest = 4 * MB if args.quick else 256 * MB
+    largest_gradient = max(model_facts(c, data.DATASETS[dataset])["gradient_bytes"]
+                           for c in configs)
     return Plan(
         device_type=device.type, world_size=world_size, world_sizes=tuple(world_sizes),
         dataset=dataset, data_dir=str(args.data_dir),
@@ -176,7 +189,7 @@ def make_plan(args, device):
         rounds=args.rounds if args.rounds is not None else 3 if args.quick else 7,
         window_s=0.05 if args.quick else 0.4,
         warmup_steps=2 if args.quick else 5,
-        allreduce_sizes=tuple(s for s in (KB * 4**k for k in range(10)) if s <= largest),
+        allreduce_sizes=allreduce_sizes(largest_gradient, args.quick),
         allreduce_budget_s=0.05 if args.quick else 0.5,
         allreduce_min_reps=3 if args.quick else 5,
         loader_workers=args.loader_workers if args.loader_workers is not None
