@@ -103,6 +103,7 @@ def test_allreduce_bandwidth_rises_with_message_size(quick_bench):
         stats_are_sane(row["seconds"])
         stats_are_sane(row["bus_bandwidth_gb_s"])
     bandwidth = [r["bus_bandwidth_gb_s"]["median"] for r in sweep]
+    assert communication["peak_bus_bandwidth_gb_s"] == {"2": max(bandwidth)}
     # Small messages pay a fixed latency, large ones approach the link's bandwidth. Noise
     # from other work on the machine may swap neighbours, never the two ends.
     assert bandwidth[-1] > 10 * bandwidth[0]

@@ -64,6 +64,7 @@ def check_args(args):
 
 def setup_record(args, plan, device):
     return {"device": device.type, "backend": hardware.backend_for(device),
+            "interconnect": hardware.detect().interconnect,
             "world_size": plan.world_size, "world_sizes": list(plan.world_sizes),
             "threads_per_process": 1 if device.type == "cpu" else 0,
             "dataset": plan.dataset, "epoch_samples": plan.epoch_samples or None,

@@ -52,6 +52,11 @@ def analyse(raw, plan):
                           for c in plan.configs],
         "communication": {
             "allreduce": {str(w): rows for w, rows in allreduce.items()},
+            # The highest median bandwidth measured: what a notebook can quote as this
+            # machine's peak, instead of a constant from a datasheet.
+            "peak_bus_bandwidth_gb_s": {
+                str(w): max(r["bus_bandwidth_gb_s"]["median"] for r in rows)
+                for w, rows in allreduce.items()},
             "exposed": [exposed_row(raw, plan, c, allreduce, facts[c.name])
                         for c in plan.configs] if plan.world_size > 1 else [],
         },

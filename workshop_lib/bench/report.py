@@ -22,8 +22,9 @@ def format_report(report):
 def header(report):
     setup = report["setup"]
     threads = setup["threads_per_process"]
+    link = f" over {setup['interconnect']}" if setup["interconnect"] else ""
     lines = [
-        f"workshop_lib.bench: {setup['device']}, {setup['backend']}, "
+        f"workshop_lib.bench: {setup['device']}, {setup['backend']}{link}, "
         f"{setup['world_size']} process(es) x {threads or 'one GPU'} "
         f"{'thread' if threads else ''}, dataset {setup['dataset']}, "
         f"torch {report['hardware']['torch']}, {report['hardware']['cpu_cores']} CPU cores",
