@@ -7,10 +7,13 @@ a one-rank gloo group: every entry point that joins a group aborts it when its w
 raises, and destroys it (the collective, clean shutdown) only when the work finished.
 """
 import pytest
+import torch
 import torch.distributed as dist
 
+import workshop_lib.bench.__main__ as bench_command
 from conftest import free_port
 from workshop_lib import distributed, extras, train_ddp
+from workshop_lib.bench import measure, plan, workers
 
 
 @pytest.fixture
@@ -61,3 +64,16 @@ def test_the_shared_helper_aborts_on_error_and_destroys_on_success(one_rank):
     with distributed.process_group("gloo"):
         pass
     assert one_rank == ["abort", "destroy"]
+
+
+def test_bench_worker_aborts_on_error(one_rank, monkeypatch, tmp_path):
+    """A bench worker whose measurement raises aborts the group, and rank 0 writes nothing."""
+    bench_plan = plan.make_plan(bench_command.parse_args(["--quick", "--nproc", "1"]),
+                                torch.device("cpu"))
+    monkeypatch.setattr(measure, "collective", fails)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # keep pytest's threads
+    raw = tmp_path / "raw.json"
+    with pytest.raises(RuntimeError, match="a bug on this rank"):
+        workers.worker(0, bench_plan, free_port(), str(raw))
+    assert one_rank == ["abort"]
+    assert not raw.exists()
