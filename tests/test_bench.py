@@ -4,6 +4,7 @@ Speed itself is measured by ``python -m workshop_lib.bench``, not asserted here:
 tests check that the figures exist, are finite and positive where they must be, follow
 from the raw timings, and that the printed table shows what the JSON holds. They also pin
 the bench to what learners run: ``train.train_step`` and ``train_ddp.wrap``.
+(``test_bench_analysis.py`` checks the arithmetic on hand-built timings, in milliseconds.)
 """
 import json
 import math

@@ -1,0 +1,177 @@
+"""The bench's arithmetic and its table, on hand-built timings: no process, no model run.
+
+The fake machine below has known costs (a step's time is proportional to its batch, DDP
+makes it 1.25x slower, no_sync 1.05x, DDP's defaults 1.5x; an all-reduce is a latency
+plus bytes over a bandwidth) and a load that changes from round to round, hitting every
+window of a round alike. Each figure the analysis reports is checked against what
+those costs imply.
+"""
+import pytest
+
+from workshop_lib.bench import analyse, plan, report
+from workshop_lib.bench.plan import BUFFER_SYNC, COURSE, KB, MB, NO_SYNC, StepConfig
+
+LOAD = (1.0, 1.5, 0.8)  # the machine's slowdown in each round
+SECONDS_PER_SAMPLE = 1e-4
+COST = {COURSE: 1.25, NO_SYNC: 1.05, BUFFER_SYNC: 1.5}  # a step at N > 1 against one process
+STEPS = 10  # per window
+LATENCY_S, LINK_BYTES_PER_S = 1e-4, 1e9
+
+
+def make_plan(world_size=2):
+    return plan.Plan(
+        device_type="cpu", world_size=world_size,
+        world_sizes=tuple(w for w in (1, 2) if w <= world_size), dataset="digits",
+        data_dir="unused", epoch_samples=0,
+        configs=(StepConfig("course", "cnn", 32), StepConfig("scaling", "cnn", 128)),
+        rounds=len(LOAD), window_s=0.1, warmup_steps=1,
+        allreduce_sizes=tuple(KB * 4**k for k in range(6)), allreduce_budget_s=0.1,
+        allreduce_min_reps=3, loader_workers=2, timeout_s=60)
+
+
+def step_s(window):
+    cost = COST[window.variant] if window.world_size > 1 else 1.0
+    return window.batch_size * SECONDS_PER_SAMPLE * cost
+
+
+def epoch_timings(seconds_per_epoch, samples=1000, on_cpu=1.0):
+    return {"seconds": [seconds_per_epoch * load for load in LOAD],
+            "cpu_seconds": [seconds_per_epoch * load * on_cpu for load in LOAD],
+            "samples": samples}
+
+
+def fake_raw(bench_plan, on_cpu=1.0):
+    windows = plan.scaling_windows(bench_plan)
+    allreduce = {str(w): [{"bytes": b, "seconds": [(LATENCY_S + b / LINK_BYTES_PER_S) * load
+                                                     for load in LOAD]}
+                          for b in bench_plan.allreduce_sizes]
+                 for w in bench_plan.world_sizes[1:]}
+    return {
+        "allreduce": allreduce,
+        "windows": {w.key: [STEPS * step_s(w) * load for load in LOAD] for w in windows},
+        "steps": {w.key: STEPS for w in windows},
+        "loop_overhead": {c.name: {"library": epoch_timings(0.105, on_cpu=on_cpu),
+                                   "bare": epoch_timings(0.1, on_cpu=on_cpu)}
+                          for c in bench_plan.configs},
+        "data_path": {"workers": 2, "worker_startup_s": 0.1, "timings": {
+            "train/tensor_loader": epoch_timings(0.1), "train/data_loader": epoch_timings(0.12),
+            "load/tensor_loader": epoch_timings(0.001), "load/data_loader": epoch_timings(0.05)}},
+    }
+
+
+def constant(stats, value, windows_per_round=1):
+    """Every round gave ``value``: the load hit both sides of the ratio alike."""
+    assert stats["n"] == windows_per_round * len(LOAD)
+    for key in ("median", "min", "max"):
+        assert stats[key] == pytest.approx(value), (key, stats)
+
+
+def test_scaling_efficiency_is_the_step_cost_of_ddp():
+    figures = analyse.analyse(fake_raw(make_plan()), make_plan())
+    rows = {(r["config"], r["mode"], r["world_size"]): r for r in figures["scaling"]}
+    assert len(rows) == 2 * 2 * 2
+    for (_, mode, w), row in rows.items():
+        constant(row["speedup"], 1.0 if w == 1 else w / COST[COURSE])
+        constant(row["efficiency"], 1.0 if w == 1 else 1 / COST[COURSE])
+        batch = row["batch_size"]
+        assert row["samples_per_s"]["median"] == pytest.approx(
+            batch * w / (batch * SECONDS_PER_SAMPLE * (COST[COURSE] if w > 1 else 1)))
+        assert (row["predicted_efficiency"] is None) == (w == 1 or mode == "strong")
+    assert rows["scaling", "strong", 1]["batch_size"] == 2 * rows["scaling", "strong", 2][
+        "batch_size"]
+
+
+def test_exposed_communication_and_the_buffer_sync_row():
+    bench_plan = make_plan()
+    figures = analyse.analyse(fake_raw(bench_plan), bench_plan)
+    scaling = {(r["config"], r["mode"], r["world_size"]): r for r in figures["scaling"]}
+    for row in figures["communication"]["exposed"]:
+        one_step = row["batch_size"] * SECONDS_PER_SAMPLE
+        assert row["ddp_step_s"]["median"] == pytest.approx(one_step * COST[COURSE])
+        assert row["no_sync_step_s"]["max"] == pytest.approx(one_step * COST[NO_SYNC] * max(LOAD))
+        assert row["exposed_s"]["median"] == pytest.approx(one_step * (COST[COURSE] -
+                                                                       COST[NO_SYNC]))
+        constant(row["exposed_fraction"], 1 - COST[NO_SYNC] / COST[COURSE])
+        constant(row["no_sync_efficiency"], 1 / COST[NO_SYNC])
+        constant(row["buffer_sync_slowdown"], COST[BUFFER_SYNC] / COST[COURSE])
+        assert row["buffer_sync_step_s"]["median"] == pytest.approx(one_step * COST[BUFFER_SYNC])
+        # The prediction: one process's step plus the floor at the gradients' bandwidth.
+        sweep = figures["communication"]["allreduce"]["2"]
+        assert row["bus_bandwidth_gb_s"] == pytest.approx(
+            analyse.bus_bandwidth_at(sweep, row["gradient_bytes"]))
+        assert row["floor_s"] == pytest.approx(
+            analyse.allreduce_floor_s(2, row["gradient_bytes"], row["bus_bandwidth_gb_s"]))
+        predicted = scaling[row["config"], "weak", 2]["predicted_efficiency"]
+        assert predicted == pytest.approx(one_step / (one_step + row["floor_s"]))
+
+
+def test_allreduce_bandwidth_and_its_peak():
+    bench_plan = make_plan()
+    communication = analyse.analyse(fake_raw(bench_plan), bench_plan)["communication"]
+    sweep = communication["allreduce"]["2"]
+    assert [r["bytes"] for r in sweep] == list(bench_plan.allreduce_sizes)
+    for row in sweep:
+        seconds = LATENCY_S + row["bytes"] / LINK_BYTES_PER_S
+        assert row["seconds"]["median"] == pytest.approx(seconds)
+        # Two ranks: 2(N-1)/N = 1, so the bus bandwidth is bytes over time.
+        assert row["bus_bandwidth_gb_s"]["median"] == pytest.approx(row["bytes"] / seconds / 1e9)
+    largest = bench_plan.allreduce_sizes[-1]
+    assert communication["peak_bus_bandwidth_gb_s"] == {
+        "2": pytest.approx(largest / (LATENCY_S + largest / LINK_BYTES_PER_S) / 1e9)}
+
+
+def test_loop_overhead_and_data_path_ratios():
+    bench_plan = make_plan()
+    figures = analyse.analyse(fake_raw(bench_plan, on_cpu=0.5), bench_plan)
+    for row in figures["loop_overhead"]:
+        constant(row["ratio"], 0.1 / 0.105)
+        constant(row["ratio_by_cpu_time"], 0.1 / 0.105)
+        constant(row["on_cpu_share"], 0.5, windows_per_round=2)  # library and bare
+        assert row["target"] == analyse.LOOP_OVERHEAD_TARGET
+    path = figures["data_path"]
+    assert (path["config"], path["batch_size"]) == ("course", 32)
+    ratios = {r["what"]: r["ratio"] for r in path["rows"]}
+    constant(ratios["train"], 0.12 / 0.1)
+    constant(ratios["load"], 0.05 / 0.001)
+
+
+def full_report(bench_plan, interconnect=None, on_cpu=1.0):
+    setup = {"device": bench_plan.device_type, "backend": "gloo", "interconnect": interconnect,
+             "world_size": bench_plan.world_size, "threads_per_process": 1,
+             "dataset": bench_plan.dataset, "rounds": bench_plan.rounds}
+    return {"setup": setup, "hardware": {"torch": "2.x", "cpu_cores": 2},
+            "load_average": {"start": [0.5], "end": [0.7]}, "wall_s": 12.0,
+            **analyse.analyse(fake_raw(bench_plan, on_cpu), bench_plan)}
+
+
+def test_the_table_shows_every_figure():
+    figures = full_report(make_plan())
+    table = report.format_report(figures)
+    lines = table.splitlines()
+    assert lines[0].startswith("workshop_lib.bench: cpu, gloo, 2 process(es) x 1 thread")
+    assert "warning" not in table
+    for row in figures["scaling"]:
+        cells = (row["config"], row["mode"], report.format_stats(row["efficiency"], ".2f"))
+        assert any(all(c in line for c in cells) for line in lines), cells
+    for row in figures["communication"]["exposed"]:
+        assert report.format_stats(row["buffer_sync_step_s"], ".2f", 1e3) in table
+        assert report.format_stats(row["buffer_sync_slowdown"], ".2f") in table
+    assert "DDP defaults" in table and "forward_sync_buffers=True" in table
+    assert report.format_stats({"median": 1.5, "min": 1, "max": 2}, ".2f") == "1.50 [1.00..2.00]"
+    assert [report.format_bytes(b) for b in (KB, 256 * KB, MB)] == ["1 KB", "256 KB", "1 MB"]
+
+
+def test_the_header_names_the_interconnect_and_warns_of_a_busy_cpu():
+    bench_plan = make_plan()
+    assert "NVLink" in report.format_report(full_report(bench_plan, "NVLink")).splitlines()[0]
+    busy = report.format_report(full_report(bench_plan, on_cpu=0.5))
+    assert "warning: other processes held the CPU for 50%" in busy
+
+
+def test_one_process_has_no_communication_section_rows():
+    bench_plan = make_plan(world_size=1)
+    figures = full_report(bench_plan)
+    assert figures["communication"] == {"allreduce": {}, "peak_bus_bandwidth_gb_s": {},
+                                        "exposed": []}
+    assert {r["world_size"] for r in figures["scaling"]} == {1}
+    assert "exposed communication" not in report.format_report(figures)
