@@ -93,6 +93,7 @@ def test_ddp_script_outside_torchrun_says_how_to_launch(capsys, monkeypatch, tmp
     assert "torchrun --standalone --nproc-per-node=2 -m workshop_lib.train_ddp" in line
 
 
+@pytest.mark.slow
 def test_command_line_error_is_one_line_from_a_real_process(tmp_path):
     result = run_course_command(["-m", "workshop_lib.train", "--batch-size", "0",
                                  "--out", str(tmp_path)])

@@ -38,3 +38,38 @@ def test_warmup_rises_linearly_then_holds_or_decays():
     assert cosine[5:] == sorted(cosine[5:], reverse=True) and cosine[-1] == 0.0
     assert cosine[7] == pytest.approx(0.5)  # half-way through the decay
     assert scaling.lr_factor(0, 0, 10, "cosine") == 1.0
+
+
+def tiny_state(job):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return checkpoint.training_state(model, optimizer, scheduler, epoch=3, job=job)
+
+
+def test_a_checkpoint_names_its_job_and_only_that_job_resumes_from_it(tmp_path, capsys):
+    path = tmp_path / "checkpoint.pt"
+    assert not checkpoint.from_job(path, "job-b"), "no checkpoint: nothing to resume"
+    checkpoint.save_atomic(tiny_state("job-a"), path)
+    assert checkpoint.from_job(path, "job-a")
+    assert capsys.readouterr().out == ""
+    assert not checkpoint.from_job(path, "job-b")
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and "written by another run (job job-a), not this one (job-b)" in \
+        said[0]
+    assert not checkpoint.from_job(path, "job-b", say=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_the_job_id_is_torchruns_run_id_or_the_agent(monkeypatch):
+    from workshop_lib import distributed
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a1b2")
+    assert distributed.job_id() == "a1b2"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id
+    agent = distributed.job_id()
+    assert agent == distributed.job_id() and agent.count(":") == 2
+
+
+def test_a_cpu_checkpoint_holds_no_cuda_random_state():
+    assert tiny_state("j")["cuda_rng"] is None

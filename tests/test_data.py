@@ -137,3 +137,12 @@ def test_truncated_fashion_mnist_is_reported_not_a_traceback(tmp_path):
 def test_unknown_dataset_lists_the_choices():
     with pytest.raises(CourseError, match="choose one of: auto, fashion-mnist, digits"):
         data.load("cifar-100")
+
+
+def test_steps_per_epoch_follows_distributed_samplers_padding():
+    from workshop_lib import data
+
+    assert data.steps_per_epoch(1438, 2, 32) == 23   # 719 samples per rank
+    assert data.steps_per_epoch(1438, 1, 64) == 23
+    assert data.steps_per_epoch(10, 3, 4) == 1       # 4 per rank after padding
+    assert data.steps_per_epoch(60000, 4, 128) == 118

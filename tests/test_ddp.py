@@ -1,6 +1,7 @@
 """DDP in real gloo process groups: the numbers match one process, and metrics are global."""
 import copy
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -10,6 +11,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from conftest import run_in_ranks
 from workshop_lib import data, models, train, train_ddp
+
+pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 
 STEPS, BATCH_PER_RANK, LR = 6, 16, 0.1
 

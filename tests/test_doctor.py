@@ -1,6 +1,10 @@
 """`python -m workshop_lib doctor` tells a learner what this machine will do."""
+import pytest
+
 from conftest import run_course_command
 from workshop_lib import doctor, hardware
+
+pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 
 
 def test_doctor_reports_this_machine_as_the_machine_description_has_it():

@@ -4,7 +4,9 @@ import json
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import runlog
+from workshop_lib import findings, runlog
+
+pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 
 
 @pytest.fixture(scope="module")
@@ -13,12 +15,15 @@ def executed(tmp_path_factory):
     return runs, execute_notebook("02_from_one_gpu_to_many.ipynb", runs)
 
 
-def test_ddp_is_faster_than_one_process_and_learns_as_well(executed):
-    runs, _ = executed
+def test_one_and_two_processes_learn_and_the_speedup_is_reported_from_the_records(executed):
+    runs, notebook = executed
     single, ddp = runlog.read(runs / "1_process"), runlog.read(runs / "ddp")
     assert ddp.start["world_size"] == 2 and single.start["world_size"] == 1
-    assert ddp.samples_per_s > single.samples_per_s, "2 processes must beat 1 in samples/s"
     assert ddp.final["val_acc"] >= 0.95 and single.final["val_acc"] >= 0.95
+    # Speed is measured (the notebook prints it), not asserted: other work on the machine
+    # changes it. The sentence must be the one computed from these records.
+    speedup = findings.one_vs_many(single, ddp)["speedup"]
+    assert speedup.text in notebook_text_outputs(notebook)
 
 
 def test_from_scratch_wrapper_reproduces_ddp_in_the_notebook(executed):

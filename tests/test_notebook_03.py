@@ -7,6 +7,8 @@ import pytest
 from conftest import execute_notebook, notebook_text_outputs
 from workshop_lib import runlog
 
+pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
+
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):

@@ -4,6 +4,7 @@ Each failure is real: a rank raises, SIGKILLs itself or hangs (workshop_lib/faul
 the training script's documented --inject-fault flag), under a real torchrun launch.
 """
 import io
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import time
 import pytest
 import torch
 
-from conftest import DDP_RUN_FLAGS, free_port
+from conftest import DDP_RUN_EPOCHS, DDP_RUN_FLAGS, free_port
 from workshop_lib import checkpoint, data, faults, launch, runlog
 from workshop_lib.errors import CourseError
 
@@ -28,6 +29,7 @@ def launch_ddp(out, *flags, max_restarts=0, timeout=300):
     return result, stream.getvalue()
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_job_fast_and_is_named(tmp_path):
     result, shown = launch_ddp(tmp_path, "--inject-fault", "raise@1:30")
     assert result.returncode != 0
@@ -39,6 +41,7 @@ def test_a_rank_that_raises_ends_the_job_fast_and_is_named(tmp_path):
     assert "[rank 1]" in shown, "other ranks' lines are tagged"
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_becomes_an_error_at_the_collective_timeout(tmp_path):
     result, shown = launch_ddp(tmp_path, "--inject-fault", "hang@1:30", "--dist-timeout", "15")
     assert result.returncode != 0
@@ -47,6 +50,7 @@ def test_a_hanging_rank_becomes_an_error_at_the_collective_timeout(tmp_path):
     assert "FAILED" in shown
 
 
+@pytest.mark.slow
 def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path, ddp_run):
     reference_dir, _ = ddp_run
     # Rank 1 dies half-way through epoch 3, after epoch 2's checkpoint.
@@ -65,6 +69,24 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path
         assert torch.equal(final[name], tensor), f"{name} differs from the uninterrupted run"
 
 
+@pytest.mark.slow
+def test_a_restart_never_resumes_from_another_jobs_checkpoint(tmp_path, ddp_run):
+    reference_dir, _ = ddp_run
+    # An earlier run's finished checkpoint sits in --out; this job dies in its epoch 1,
+    # before writing one of its own. Its restart must train from the start.
+    shutil.copy(reference_dir / "checkpoint.pt", tmp_path / "checkpoint.pt")
+    train_set, _, _ = data.load("digits")
+    step = faults.step_in_epoch(1, data.steps_per_epoch(len(train_set), 2, 32))
+    result, shown = launch_ddp(tmp_path, "--inject-fault", f"kill@1:{step}", max_restarts=1)
+    assert result.ok and result.attempts == 2, shown
+    resumed = runlog.read(tmp_path)
+    assert [r["start_epoch"] for r in resumed.resumes] == [], "the restart started afresh"
+    assert resumed.start["start_epoch"] == 1 and resumed.column("epoch") == list(
+        range(1, DDP_RUN_EPOCHS + 1))
+    assert "not resuming from" in shown and "written by another run" in shown
+
+
+@pytest.mark.slow
 def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
     path = tmp_path / "checkpoint.pt"
     writer = subprocess.Popen([sys.executable, "-c", f"""

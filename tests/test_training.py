@@ -12,6 +12,8 @@ from conftest import DDP_RUN_EPOCHS as EPOCHS
 from conftest import run_course_command
 from workshop_lib import checkpoint, data, faults, hardware, models, runlog, train
 
+pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
+
 # Measured on a 2-core CPU: 0.98-0.99 after 4-5 epochs, whatever the seed. A broken
 # gradient path (no all-reduce, a frozen layer, a wrong loss) stays far below.
 ACCURACY_BAR = 0.95

@@ -77,7 +77,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     check_args(args)
-    device = hardware.pick_device(args.device)
+    # auto: the GPUs where there are two or more (one process each), else the CPU, as the
+    # course's DDP lessons run (NCCL cannot put two ranks on one GPU).
+    requested = args.device
+    if requested == "auto" and args.nproc is None:
+        requested = "cuda" if hardware.detect().gpus >= 2 else "cpu"
+    device = hardware.pick_device(requested)
     plan = make_plan(args, device)
     load_start = os.getloadavg()
     start = time.perf_counter()

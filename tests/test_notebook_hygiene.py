@@ -1,0 +1,46 @@
+"""Every notebook is committed clean, starts the same way, and launches on the profile's device.
+
+No execution here: these read the committed notebooks (the executed ones are tested by
+tests/test_notebook_*.py).
+"""
+import re
+
+import nbformat
+import pytest
+
+from conftest import REPO
+
+NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9]*.ipynb"))
+# A course script started from a cell: it must say which device it runs on.
+LAUNCH = re.compile(r"-m workshop_lib\.(train|train_ddp|sweep|extras)\b")
+
+
+def code_cells(name):
+    notebook = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    return notebook, [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def test_every_section_has_a_notebook():
+    assert len(NOTEBOOKS) >= 5, NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_clean_with_a_parameters_cell(name):
+    notebook, cells = code_cells(name)
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+    assert all(not cell.outputs and cell.execution_count is None for cell in cells)
+    assert "parameters" in cells[0].metadata.get("tags", [])
+    for parameter in ("profile", "dataset", "nproc", "runs_dir"):
+        assert re.search(rf"^{parameter} = ", cells[0].source, re.M), parameter
+    assert "notebook.setup(profile, dataset, nproc, runs_dir" in cells[1].source
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_launch_names_its_device(name):
+    _, cells = code_cells(name)
+    for cell in cells:
+        # A launch may continue over several lines (trailing backslashes): join them.
+        source = cell.source.replace("\\\n", " ")
+        for line in source.splitlines():
+            if LAUNCH.search(line) and "naive_ddp" not in line:
+                assert "--device" in line, f"{name}: {line.strip()}"
