@@ -13,6 +13,7 @@ first, with what error and exit code, and how many restarts were used.
 From Python (notebooks): ``result = launch.run(["-m", "workshop_lib.train_ddp", ...])``.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -148,8 +149,15 @@ def run(target, nproc="auto", max_restarts=0, timeout=None, env=None, quiet=Fals
     "--epochs", "5"]``. ``timeout`` (seconds) stops the whole job, as a hang would need.
     ``master_port``: a fixed rendezvous port instead of ``--standalone``'s free one.
     """
-    stream = stream or sys.stdout
-    nproc = hardware.default_nproc() if nproc == "auto" else int(nproc)
+    job = start(target, nproc, max_restarts, env, quiet, stream, master_port)
+    return job.wait(timeout)
+
+
+def start(target, nproc="auto", max_restarts=0, env=None, quiet=False, stream=None,
+          master_port=None):
+    """Start ``torchrun ... <target>`` and return at once: a ``Job`` to watch (its
+    ``dump_stacks()`` shows where each rank is, for a job that seems stuck) and ``wait``."""
+    nproc = hardware.detect().ddp_nproc if nproc == "auto" else int(nproc)
     if master_port is None:
         rendezvous = ["--standalone"]
     else:
@@ -160,51 +168,105 @@ def run(target, nproc="auto", max_restarts=0, timeout=None, env=None, quiet=Fals
     command = [str(torchrun), *rendezvous, f"--nproc-per-node={nproc}",
                f"--max-restarts={max_restarts}", "--redirects=3", f"--log-dir={log_dir}",
                *target]
-    output = []
-
-    def echo(text):
-        output.append(text)
-        if not quiet:
-            stream.write(text)
-            stream.flush()
-
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **RESTART_SAFE_ENV, **(env or {})}
-    start = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=full_env, start_new_session=True)
-    logs = _RankLogs(log_dir, echo)
-    torchrun_output = []
-    reader = _Reader(process.stdout, torchrun_output)
-    timed_out = False
-    while process.poll() is None:
-        logs.poll()
-        if timeout is not None and time.monotonic() - start > timeout:
-            timed_out = True
-            os.killpg(process.pid, signal.SIGTERM)
+    return Job(command, full_env, log_dir, quiet, stream or sys.stdout)
+
+
+class Job:
+    """A running torchrun job: its output is shown as it comes while someone waits."""
+
+    def __init__(self, command, env, log_dir, quiet, stream):
+        self.log_dir, self.quiet, self.stream = log_dir, quiet, stream
+        self.output = []
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+        self.logs = _RankLogs(log_dir, self.echo)
+        self.torchrun_output = []
+        self.reader = _Reader(self.process.stdout, self.torchrun_output)
+
+    def echo(self, text):
+        self.output.append(text)
+        if not self.quiet:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def worker_pids(self):
+        """``{rank: pid}`` of the training processes running now."""
+        import psutil
+
+        pids = {}
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return pids
+        for child in children:
             try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-            break
-        time.sleep(0.1)
-    process.wait()
-    reader.join()
-    logs.poll()
-    text = "".join(torchrun_output)
-    attempts = len({p.name for p in log_dir.glob("*/attempt_*")}) or 1
-    end = time.monotonic()
-    result = LaunchResult(process.returncode, attempts, log_dir, seconds=end - start,
-                          output=output)
-    if logs.fault_seen_at is not None:
-        result.fault_to_exit_s = end - logs.fault_seen_at
-    if not result.ok:
-        result.failed_rank, result.exitcode, result.error = _root_cause(text, log_dir)
-        if timed_out:
-            result.error = f"stopped after the {timeout:.0f} s time limit"
-        if result.exitcode is None:
-            result.exitcode = result.returncode
-    echo("\n" + result.summary() + "\n")
-    return result
+                rank = child.environ().get("RANK")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if rank is not None:
+                pids[int(rank)] = child.pid
+        return dict(sorted(pids.items()))
+
+    def dump_stacks(self):
+        """Print where every rank's Python code is now (``py-spy dump``), rank by rank."""
+        self.logs.poll()
+        pids = self.worker_pids()
+        if not pids:
+            print("no rank is running (the job ended, or has not started its processes yet)")
+        for rank, pid in pids.items():
+            dump = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump",
+                                   "--pid", str(pid)], capture_output=True, text=True)
+            text = dump.stdout if dump.returncode == 0 else (
+                f"py-spy could not read it ({dump.stderr.strip().splitlines()[-1:]}); on "
+                f"Linux it needs permission to trace the process: run it with sudo, or set "
+                f"/proc/sys/kernel/yama/ptrace_scope to 0")
+            print(f"===== rank {rank} (pid {pid}) =====\n{text}")
+
+    def wait(self, timeout=None):
+        """Show the output until the job ends (or ``timeout`` seconds after its start, when
+        it is stopped); return its LaunchResult and print its summary."""
+        process, timed_out = self.process, False
+        while process.poll() is None:
+            self.logs.poll()
+            if timeout is not None and time.monotonic() - self.started > timeout:
+                timed_out = True
+                self.stop()
+                break
+            time.sleep(0.1)
+        process.wait()
+        self.reader.join()
+        self.logs.poll()
+        text = "".join(self.torchrun_output)
+        attempts = len({p.name for p in self.log_dir.glob("*/attempt_*")}) or 1
+        end = time.monotonic()
+        result = LaunchResult(process.returncode, attempts, self.log_dir,
+                              seconds=end - self.started, output=self.output)
+        if self.logs.fault_seen_at is not None:
+            result.fault_to_exit_s = end - self.logs.fault_seen_at
+        if not result.ok:
+            result.failed_rank, result.exitcode, result.error = _root_cause(text,
+                                                                            self.log_dir)
+            if timed_out:
+                result.error = f"stopped after the {timeout:.0f} s time limit"
+            if result.exitcode is None:
+                result.exitcode = result.returncode
+        self.echo("\n" + result.summary() + "\n")
+        return result
+
+    def stop(self):
+        """Stop torchrun and its processes (SIGTERM; SIGKILL if they outlive 30 s)."""
+        workers = self.worker_pids().values()  # each in a session of its own
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 class _Reader:

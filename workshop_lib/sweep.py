@@ -1,15 +1,19 @@
-"""Several training runs of the single-device script, in one command.
+"""Several training runs, in one command.
 
 A sweep over batch sizes or learning-rate rules is not a lesson about processes, so it
-need not pay a process start-up per run: on one device the runs go one after another in
-this process. On a machine with several GPUs they go ``--parallel`` at a time, one per
-GPU (each worker process takes the next run when its GPU is free), so no GPU sits idle.
-Each run gets its own folder under ``--out`` with its run.jsonl and checkpoint.pt, exactly
-as ``python -m workshop_lib.train`` writes them; the run record's ``device`` says which GPU
-ran it.
+need not pay a process start-up per run: on one device the runs of the single-device
+script go one after another in this process. On a machine with several GPUs they go
+``--parallel`` at a time, one per GPU (each worker process takes the next run when its
+GPU is free), so no GPU sits idle. Launched by torchrun, the sweep runs the DDP script's
+``fit`` for each run in turn, in one process group: several seeds of a DDP job for one
+torchrun start-up. Each run gets its own folder under ``--out`` with its run.jsonl and
+checkpoint.pt, exactly as the training scripts write them; the run record's ``device``
+says which GPU ran it.
 
-    python -m workshop_lib.sweep --out runs/batch --run bs32="--batch-size 32" \\
-        --run bs512="--batch-size 512" -- --epochs 6 --dataset digits
+    python -m workshop_lib.sweep --out runs/batch --variant bs32="--batch-size 32" \\
+        --variant bs512="--batch-size 512" -- --epochs 6 --dataset digits
+    torchrun --standalone --nproc-per-node=2 -m workshop_lib.sweep --out runs/seeds \\
+        --variant s0="--seed 0" --variant s1="--seed 1" -- --epochs 6 --dataset digits
 """
 import argparse
 import contextlib
@@ -26,10 +30,10 @@ from workshop_lib import cli, hardware, runlog
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 
 
-def parse_run(text):
+def parse_variant(text):
     name, sep, flags = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"--run takes NAME=\"FLAGS\", got {text!r}")
+        raise argparse.ArgumentTypeError(f"--variant takes NAME=\"FLAGS\", got {text!r}")
     return name, shlex.split(flags)
 
 
@@ -87,6 +91,30 @@ def run_sweep(out, runs, common_flags, quiet=True, parallel="auto", machine=None
     return {name: runlog.read(Path(out) / name) for name, _ in runs}
 
 
+def run_ddp_sweep(out, runs, common_flags):
+    """Under torchrun: train_ddp's ``fit`` for each run, one after another, in one process
+    group (the flags of the first run decide the device and the collective timeout)."""
+    import torch.distributed as dist
+
+    from workshop_lib import distributed, train_ddp
+
+    rank, local_rank, world_size, local_world_size = train_ddp.torchrun_env()
+    every = [train_ddp.parse_args([*common_flags, *flags, "--out", str(Path(out) / name),
+                                   "--no-progress"]) for name, flags in runs]
+    device = hardware.pick_device(every[0].device, local_rank, local_world_size)
+    with distributed.process_group(hardware.backend_for(device), every[0].dist_timeout,
+                                   device=device):
+        for (name, _), args in zip(runs, every, strict=True):
+            if rank == 0:
+                cli.prepare_out_dir(args.out)
+            dist.barrier()  # the folder exists before any rank trains into it
+            start = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):
+                train_ddp.fit(args, device, rank, world_size)
+            if rank == 0:
+                report(name, runlog.read(args.out), time.perf_counter() - start)
+
+
 def _worker(device, sharers, todo, done, out, common_flags):
     # Threads per process follow the processes sharing this machine's cores.
     os.environ[hardware.SHARERS_ENV] = str(sharers)
@@ -140,15 +168,19 @@ def main(argv=None):
     parser = cli.ArgumentParser(prog="python -m workshop_lib.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--run", type=parse_run, action="append", required=True,
+    # --variant, not --run: torchrun would take "--run" for its own --run-path.
+    parser.add_argument("--variant", type=parse_variant, action="append", required=True,
                         metavar='NAME="FLAGS"')
     parser.add_argument("--parallel", default="auto",
                         help="runs at a time: auto = one per GPU when the runs go to "
                              "several GPUs, else 1 (default: %(default)s)")
     args = parser.parse_args(own)
-    if len({name for name, _ in args.run}) != len(args.run):
-        raise CourseError("each --run needs its own NAME")
-    run_sweep(args.out, args.run, common, parallel=args.parallel)
+    if len({name for name, _ in args.variant}) != len(args.variant):
+        raise CourseError("each --variant needs its own NAME")
+    if "RANK" in os.environ:  # launched by torchrun: the DDP script's runs
+        run_ddp_sweep(args.out, args.variant, common)
+    else:
+        run_sweep(args.out, args.variant, common, parallel=args.parallel)
 
 
 if __name__ == "__main__":

@@ -138,12 +138,17 @@ def fit(args, device):
     log.end(stop_reason, record, time.perf_counter() - start)
 
 
-@exit_cleanly_on_course_error
-def main(argv=None):
+def parse_args(argv=None):
     parser = cli.ArgumentParser(prog="python -m workshop_lib.train", description=__doc__)
     cli.add_common_args(parser, default_out="runs/train")
     args = parser.parse_args(argv)
     cli.check_args(args)
+    return args
+
+
+@exit_cleanly_on_course_error
+def main(argv=None):
+    args = parse_args(argv)
     device = hardware.pick_device(args.device)
     cli.prepare_out_dir(args.out)
     fit(args, device)

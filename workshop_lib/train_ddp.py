@@ -184,9 +184,7 @@ def torchrun_env():
             int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]))
 
 
-@record_errors  # a crashing rank's error goes to torchrun's error file and summary
-@exit_cleanly_on_course_error
-def main(argv=None):
+def parse_args(argv=None):
     parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.train_ddp", description=__doc__)
     cli.add_common_args(parser, default_out="runs/train_ddp")
     parser.add_argument("--dist-timeout", type=float, default=300,
@@ -194,6 +192,13 @@ def main(argv=None):
                              "failing (default: %(default)s)")
     args = parser.parse_args(argv)
     cli.check_args(args)
+    return args
+
+
+@record_errors  # a crashing rank's error goes to torchrun's error file and summary
+@exit_cleanly_on_course_error
+def main(argv=None):
+    args = parse_args(argv)
     rank, local_rank, world_size, local_world_size = torchrun_env()
     device = hardware.pick_device(args.device, local_rank, local_world_size)
     if rank == 0:
