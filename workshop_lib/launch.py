@@ -35,6 +35,8 @@ from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 # removes the stale keys (measured: README, "When a rank fails").
 RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 SIGNALS = {-s.value: s.name for s in signal.Signals}
+# The last line of a Python traceback: "RuntimeError: ...", "torch.OutOfMemoryError: ...".
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt)\b.*: ")
 # The frames of a crashed rank's traceback ("[rank1]:   File ..."): kept in the log folder,
 # left out of the stream, where the exception line itself still shows.
 TRACEBACK_FRAME = re.compile(r"^\[rank\d+\]:( {2,}|\s*Traceback|\s*\^+\s*$)")
@@ -121,11 +123,15 @@ def _root_cause(torchrun_output, log_dir):
         if rank is None or int(error_file.parent.name) == rank:
             info = json.loads(error_file.read_text()).get("message", {})
             message = (info.get("message") if isinstance(info, dict) else str(info)) or message
-    if message is None and rank is not None:  # a clean one-line "error: ..." from a script
+    if message is None and rank is not None:
+        # A clean one-line "error: ..." from a course script, else the exception line that
+        # ends the rank's traceback (a script without torchrun's error file).
         for path in sorted(Path(log_dir).glob(f"*/attempt_*/{rank}/stderr.log")):
-            errors = [line for line in path.read_text(errors="replace").splitlines()
-                      if line.startswith("error: ")]
-            message = errors[-1][len("error: "):] if errors else message
+            lines = [re.sub(r"^\[rank\d+\]: ", "", line)
+                     for line in path.read_text(errors="replace").splitlines()]
+            errors = [line[len("error: "):] for line in lines if line.startswith("error: ")]
+            raised = [line for line in lines if EXCEPTION_LINE.match(line)]
+            message = (errors or raised or [message])[-1]
     return rank, int(exitcode[1]) if exitcode else None, message
 
 
