@@ -9,6 +9,8 @@ watch the sentence change; a part of a notebook that could not run on this machi
 """
 from dataclasses import dataclass
 
+from workshop_lib import runlog
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -190,3 +192,99 @@ def from_scratch(check):
                         f"(the bar: 1e-5, float32 rounding)." if same else
         f"The from-scratch wrapper differs from DDP by {difference:.1e} after "
         f"{check['steps']} steps (more than the 1e-5 of float32 rounding).", holds=same)])
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 02: the worked example's promise, measured
+
+
+# The worked example this course follows: one A100 at batch 64 (FP16), then 4 A100s at
+# batch 256 with the learning rate scaled linearly: 12 h -> 3.5 h per epoch, the same
+# accuracy within 0.2 percentage points of the single-GPU baseline.
+SOURCE = {"devices": 4, "epoch_hours": (12.0, 3.5), "speedup": 12.0 / 3.5,
+          "tolerance_pp": 0.2}
+TARGET_FRACTION = 0.98  # time to target: the target is this fraction of the baseline's mean
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+def _spread_pp(values):
+    """Seed-to-seed spread of accuracies, in percentage points (max - min)."""
+    return 100 * (max(values) - min(values))
+
+
+def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_pp"]):
+    """1 device against N at the global batch with the learning rate scaled, several seeds
+    each (``baseline`` and ``scaled``: lists of Runs). Returns (Findings, table rows)."""
+    n = scaled[0].start["world_size"]
+    base_acc = [run.final["val_acc"] for run in baseline]
+    scaled_acc = [run.final["val_acc"] for run in scaled]
+    target = round(TARGET_FRACTION * _mean(base_acc), 3)
+    epoch_s = {name: _mean([_mean(run.column("epoch_s")[1:] or run.column("epoch_s"))
+                            for run in runs]) for name, runs in (("base", baseline),
+                                                                 ("scaled", scaled))}
+    reach = {name: [runlog.time_to_accuracy(run, target) for run in runs]
+             for name, runs in (("base", baseline), ("scaled", scaled))}
+    delta_pp = 100 * (_mean(scaled_acc) - _mean(base_acc))
+    spread_pp = max(_spread_pp(base_acc), _spread_pp(scaled_acc))
+    found = Findings()
+    if n < 2:
+        found.append(skipped("speedup", "the scaled runs had one process: no speed-up to "
+                                        "measure (nproc is 1)."))
+    else:
+        epoch_speedup = epoch_s["base"] / epoch_s["scaled"]
+        found.append(Finding(
+            "epoch_speedup", f"An epoch took {epoch_s['base']:.2f} s on 1 device and "
+                             f"{epoch_s['scaled']:.2f} s on {n}: {epoch_speedup:.2f}x "
+                             f"(the worked example: {SOURCE['speedup']:.1f}x on "
+                             f"{SOURCE['devices']} GPUs).", holds=epoch_speedup > 1))
+        if all(t is not None for t in reach["base"] + reach["scaled"]):
+            target_speedup = _mean(reach["base"]) / _mean(reach["scaled"])
+            found.append(Finding(
+                "target_speedup", f"Time to {target:.3f} validation accuracy "
+                                  f"({TARGET_FRACTION:.0%} of the baseline's mean): "
+                                  f"{_mean(reach['base']):.2f} s on 1 device, "
+                                  f"{_mean(reach['scaled']):.2f} s on {n}: "
+                                  f"{target_speedup:.2f}x.", holds=target_speedup > 1))
+        else:
+            missed = sum(t is None for t in reach["scaled"])
+            found.append(Finding(
+                "target_speedup", f"{missed} of {len(scaled)} scaled runs never reached "
+                                  f"{target:.3f}: no time-to-accuracy speed-up to report.",
+                holds=False))
+    if spread_pp > tolerance_pp:
+        found.append(Finding(
+            "same_accuracy", f"Accuracy: {100 * _mean(base_acc):.2f}% on 1 device, "
+                             f"{100 * _mean(scaled_acc):.2f}% on {n} ({delta_pp:+.2f} pp); "
+                             f"whether that is within {tolerance_pp} pp is not shown here: "
+                             f"the seeds alone spread the accuracy over {spread_pp:.2f} pp.",
+            holds=None))
+    else:
+        within = abs(delta_pp) <= tolerance_pp
+        found.append(Finding(
+            "same_accuracy", f"Accuracy: {100 * _mean(base_acc):.2f}% on 1 device, "
+                             f"{100 * _mean(scaled_acc):.2f}% on {n} ({delta_pp:+.2f} pp, seeds "
+                             f"spread {spread_pp:.2f} pp): "
+                             + (f"within the {tolerance_pp} pp tolerance." if within else
+                                f"NOT within the {tolerance_pp} pp tolerance."), holds=within))
+    rows = [{"setup": "1 device", "devices": 1,
+             "epoch_s": epoch_s["base"], "speedup": 1.0, "accuracy": _mean(base_acc),
+             "delta_pp": 0.0, "source_epoch": f"{SOURCE['epoch_hours'][0]:g} h",
+             "source_speedup": "1.0x", "source_delta": "baseline"},
+            {"setup": f"{n} devices, lr x{n}", "devices": n, "epoch_s": epoch_s["scaled"],
+             "speedup": epoch_s["base"] / epoch_s["scaled"], "accuracy": _mean(scaled_acc),
+             "delta_pp": delta_pp, "source_epoch": f"{SOURCE['epoch_hours'][1]:g} h",
+             "source_speedup": f"{SOURCE['speedup']:.1f}x",
+             "source_delta": f"within {SOURCE['tolerance_pp']} pp"}]
+    return found, rows
+
+
+def worked_example_table(rows):
+    """The worked example's table: measured here, beside the source's figures."""
+    return runlog.format_table(rows, {
+        "setup": ("setup", ""), "epoch_s": ("s per epoch", ".2f"), "speedup": ("speed-up", ".2f"),
+        "accuracy": ("val acc", ".4f"), "delta_pp": ("delta pp", "+.2f"),
+        "source_epoch": ("source: per epoch", ""), "source_speedup": ("source: speed-up", ""),
+        "source_delta": ("source: accuracy", "")})

@@ -1,0 +1,101 @@
+"""Every judging sentence of the notebooks' closing cells comes from the numbers: fed
+synthetic run records on either side of its threshold, its verdict flips."""
+import pytest
+
+from workshop_lib import findings, profile
+from workshop_lib.runlog import Run
+
+
+def run(val_accs, epoch_s=1.0, world_size=1, global_batch=32, lr=0.05, device="cpu",
+        samples_per_s=1000.0, train_losses=None, dataset="digits"):
+    epochs = [{"epoch": e + 1, "val_acc": acc, "epoch_s": epoch_s, "elapsed_s": epoch_s * (e + 1),
+               "samples_per_s": samples_per_s, "global_batch_size": global_batch,
+               "train_loss": (train_losses or [1.0] * len(val_accs))[e], "val_loss": 1 - acc,
+               "lr": lr, "world_size": world_size, "val_samples": 359}
+              for e, acc in enumerate(val_accs)]
+    start = {"world_size": world_size, "global_batch_size": global_batch, "lr": lr,
+             "device": device, "dataset": dataset, "batch_size": global_batch // world_size,
+             "steps_per_epoch": 10, "hardware": {"gpus": [], "cpu_cores": 2},
+             "args": {"optimizer": "sgd"}, "warmup_steps": 0}
+    return Run(start=start, epochs=epochs, end={"elapsed_s": epoch_s * len(val_accs)})
+
+
+P = profile.get_profile("cpu", "digits", launches=profile.PROCESSES)
+
+
+@pytest.mark.parametrize("final,holds", [(0.95, True), (0.15, False)])
+def test_welcome_says_the_environment_works_only_when_the_model_learned(final, holds):
+    found = findings.welcome(run([0.5, final], world_size=2, global_batch=64), P, 10)
+    assert found["learned"].holds is holds
+    assert ("the environment works" in found["learned"].text) is holds
+
+
+def test_one_vs_many_reports_the_speedup_or_skips_with_one_process():
+    single = run([0.9, 0.95], samples_per_s=1000)
+    faster = findings.one_vs_many(single, run([0.9, 0.95], world_size=2, samples_per_s=1500))
+    assert faster["speedup"].holds and "1.50x speed-up" in faster["speedup"].text
+    slower = findings.one_vs_many(single, run([0.9, 0.95], world_size=2, samples_per_s=800))
+    assert slower["speedup"].holds is False
+    alone = findings.one_vs_many(single, run([0.9, 0.95], world_size=1))
+    assert alone["speedup"].skipped and "nproc is 1" in alone["speedup"].text
+
+
+def outcome(ok, seconds, rank=1, attempts=1):
+    return {"ok": ok, "attempts": attempts, "failed_rank": rank, "exitcode": 1,
+            "error": "InjectedFault: boom", "seconds": 30, "fault_to_exit_s": seconds}
+
+
+def test_failures_judge_each_fault_by_its_bound():
+    restarted = run([0.8, 0.9, 0.95])
+    restarted.resumes.append({"start_epoch": 2})
+    good = {"crash": outcome(False, 3), "hang": outcome(False, 20, rank=0),
+            "restart": outcome(True, 1, attempts=2)}
+    found = findings.failures(good, 2, 15, restarted)
+    assert all(f.holds for f in found)
+    slow = {"crash": outcome(False, 90), "hang": outcome(False, 200, rank=0),
+            "restart": outcome(True, 1, attempts=2)}
+    fresh = run([0.8, 0.9, 0.95])  # restarted, but from scratch: no resume record
+    found = findings.failures(slow, 2, 15, fresh)
+    assert [f.holds for f in found] == [False, False, False]
+    one = findings.failures({"crash": outcome(False, 3), "restart": outcome(True, 1, 0, 2)},
+                            1, 15, restarted)
+    assert one["hang"].skipped and "needs two ranks" in one["hang"].text
+
+
+def test_the_from_scratch_check_is_judged_against_float_rounding():
+    assert findings.from_scratch({"max_abs_difference": 3e-7, "steps": 20})["from_scratch"].holds
+    assert not findings.from_scratch({"max_abs_difference": 0.01, "steps": 20})[
+        "from_scratch"].holds
+
+
+def seeds(accuracies, epoch_s, world_size=1, curve=(0.5, 0.9)):
+    return [run([*curve, acc], epoch_s=epoch_s, world_size=world_size) for acc in accuracies]
+
+
+def test_same_accuracy_is_shown_only_when_the_seed_spread_allows_it():
+    base = seeds([0.960, 0.961, 0.961], epoch_s=2.0)
+    close = seeds([0.9605, 0.9610, 0.9612], epoch_s=0.6, world_size=4)
+    found, rows = findings.same_accuracy_in_less_time(base, close)
+    assert found["same_accuracy"].holds is True and "within the 0.2 pp" in \
+        found["same_accuracy"].text
+    assert found["epoch_speedup"].holds and rows[1]["speedup"] == pytest.approx(2.0 / 0.6)
+    far = seeds([0.950, 0.951, 0.951], epoch_s=0.6, world_size=4)
+    found, _ = findings.same_accuracy_in_less_time(base, far)
+    assert found["same_accuracy"].holds is False and "NOT within" in found["same_accuracy"].text
+    noisy = seeds([0.950, 0.960, 0.970], epoch_s=0.6, world_size=4)
+    found, _ = findings.same_accuracy_in_less_time(base, noisy)
+    assert found["same_accuracy"].holds is None and "not shown here" in \
+        found["same_accuracy"].text
+
+
+def test_time_to_target_speedup_needs_every_run_to_get_there():
+    base = seeds([0.96] * 3, epoch_s=2.0)
+    never = seeds([0.80] * 3, epoch_s=0.5, world_size=2, curve=(0.5, 0.6))
+    found, _ = findings.same_accuracy_in_less_time(base, never)
+    assert found["target_speedup"].holds is False and "never reached" in \
+        found["target_speedup"].text
+    slower = seeds([0.96] * 3, epoch_s=3.0, world_size=2)
+    found, _ = findings.same_accuracy_in_less_time(base, slower)
+    assert found["epoch_speedup"].holds is False and found["target_speedup"].holds is False
+    table = findings.worked_example_table(findings.same_accuracy_in_less_time(base, slower)[1])
+    assert "3.4x" in table and "12 h" in table and "3.5 h" in table
