@@ -83,3 +83,16 @@ def test_a_sweep_uses_every_gpu(tmp_path):
     results = sweep.run_sweep(tmp_path, runs, ["--device", "cuda", "--dataset", "digits",
                                                "--epochs", "6"], parallel="2")
     assert {run.start["device"] for run in results.values()} == {"cuda:0", "cuda:1"}
+
+
+@pytest.mark.gpu(1)
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_mixed_precision_on_a_gpu_learns_and_reports_its_peak_memory(tmp_path, amp):
+    from workshop_lib import train
+
+    train.main([*FLAGS, "--amp", amp, "--channels-last", "--out", str(tmp_path)])
+    run = runlog.read(tmp_path)
+    assert run.final["val_acc"] >= 0.95
+    assert run.final["peak_memory_mib"] > 0
+    if amp == "fp16":
+        assert checkpoint.load(tmp_path / "checkpoint.pt")["scaler"]["scale"] > 0

@@ -31,7 +31,7 @@ def load(path, map_location="cpu"):
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
-def training_state(model, optimizer, scheduler, epoch, job=None):
+def training_state(model, optimizer, scheduler, epoch, job=None, precision=None):
     """Everything needed to resume: ``model`` must be the plain (unwrapped) model.
 
     The data order needs no state of its own: each epoch's shuffle is seeded by
@@ -44,6 +44,7 @@ def training_state(model, optimizer, scheduler, epoch, job=None):
     device = next(model.parameters()).device
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "epoch": epoch, "job": job,
+            "scaler": precision.state_dict() if precision else None,
             "rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
@@ -62,7 +63,7 @@ def from_job(path, job, say=True):
     return False
 
 
-def resume(path, model, optimizer, scheduler):
+def resume(path, model, optimizer, scheduler, precision=None):
     """Restore a ``training_state`` checkpoint into live objects; return the epoch it ended."""
     if not Path(path).is_file():
         raise CourseError(f"no checkpoint at {path} to resume from; run without --resume, "
@@ -71,6 +72,8 @@ def resume(path, model, optimizer, scheduler):
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if precision is not None:
+        precision.load_state_dict(state.get("scaler"))
     torch.set_rng_state(state["rng"])
     device = next(model.parameters()).device
     if state.get("cuda_rng") is not None and device.type == "cuda":

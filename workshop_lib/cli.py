@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from workshop_lib import data, faults, hardware, optim, scaling
+from workshop_lib import data, faults, hardware, optim, precision, scaling
 from workshop_lib.errors import CourseError
 
 
@@ -54,6 +54,17 @@ def add_common_args(parser, default_out):
     add("--target-accuracy", type=float, default=None,
         help="stop once validation accuracy reaches this for --patience epochs in a row")
     add("--patience", type=int, default=1, help="default: %(default)s")
+    add("--amp", default="off", choices=precision.AMP_CHOICES,
+        help="mixed precision: bf16 autocast, or fp16 autocast with a gradient scaler "
+             "(default: %(default)s)")
+    add("--accumulate", type=int, default=1, metavar="N",
+        help="batches per optimizer step (gradient accumulation); the global batch, and the "
+             "learning-rate rules, count all N (default: %(default)s)")
+    add("--grad-checkpointing", action="store_true",
+        help="recompute the model's blocks' activations in backward: less memory, more time")
+    add("--channels-last", action="store_true",
+        help="channels_last memory format for the model and the images (faster convolutions "
+             "on GPUs with Tensor Cores)")
     add("--device", default="auto", type=hardware.device_flag,
         help="auto, cpu, cuda or cuda:N; auto: a GPU if there is one, else the CPU "
              "(default: %(default)s)")
@@ -74,6 +85,7 @@ def check_args(args):
     from workshop_lib import models
 
     positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
+                "--accumulate": args.accumulate,
                 "--lr-ref-batch": args.lr_ref_batch, "--patience": args.patience}
     for flag, value in positive.items():
         if value < 1:

@@ -206,13 +206,15 @@ class TensorLoader:
     datasets; ``python -m workshop_lib.bench`` measures it against a ``DataLoader``.
     """
 
-    def __init__(self, dataset, batch_size, sampler, device, drop_last=False):
+    def __init__(self, dataset, batch_size, sampler, device, drop_last=False,
+                 memory_format=torch.contiguous_format):
         if batch_size < 1:
             raise CourseError(f"batch size must be at least 1, got {batch_size}")
         self.x, self.y = (t.to(device) for t in dataset.tensors)
         self.batch_size = batch_size
         self.sampler = sampler
         self.drop_last = drop_last
+        self.memory_format = memory_format
 
     def __len__(self):
         n = len(self.sampler)
@@ -222,7 +224,7 @@ class TensorLoader:
         order = torch.as_tensor(list(self.sampler), dtype=torch.int64, device=self.x.device)
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield self.x[idx], self.y[idx]
+            yield self.x[idx].contiguous(memory_format=self.memory_format), self.y[idx]
 
 
 def download(name, data_dir=DEFAULT_DATA_DIR):

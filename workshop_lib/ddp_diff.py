@@ -16,6 +16,8 @@ DDP_STEPS = {
                            r"|from torch\.utils\.data\.distributed"
                            r"|from workshop_lib\.errors import CourseError)",
     "distributed sampler + set_epoch": r"(DistributedSampler|ShardSampler|set_epoch)",
+    "accumulation: no all-reduce until the last batch": r"(no_sync|\bsync\b"
+                                                         r"|^import contextlib)",
     "DDP wrap, .module to unwrap": r"(DDP\(|\.module\b|\bwrap\(|process_group=)",
     "global metrics (all-reduce)": r"dist\.(all_reduce|broadcast)\(",
     "rank-0-only logging and checkpoints": r"\bis_rank0\b|\brank == 0\b",

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 
 def epoch_record(epoch, train_sums, val_sums, lr, world_size, global_batch_size, epoch_s,
-                 elapsed_s):
-    """One run-log record from ``[loss_sum, count]`` and ``[loss_sum, correct, count]``."""
+                 elapsed_s, **measured):
+    """One run-log record from ``[loss_sum, count]`` and ``[loss_sum, correct, count]``;
+    ``measured``: more figures of the epoch (memory, ...), recorded as they are."""
     train_loss_sum, train_count = train_sums.tolist()
     val_loss_sum, val_correct, val_count = val_sums.tolist()
     return dict(
@@ -24,6 +25,7 @@ def epoch_record(epoch, train_sums, val_sums, lr, world_size, global_batch_size,
         samples_per_s=train_count / epoch_s,
         epoch_s=epoch_s,
         elapsed_s=elapsed_s,
+        **measured,
     )
 
 

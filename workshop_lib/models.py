@@ -6,6 +6,20 @@
   (~17M parameters) is the size the original workshop trained on GPUs.
 """
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+
+def run_blocks(blocks, x, checkpointed):
+    """Run ``blocks`` in order. With ``checkpointed``, the activations inside each block
+    with parameters are not kept for backward but recomputed during it (gradient, or
+    activation, checkpointing: less memory, one extra forward pass of each block).
+    BatchNorm's running statistics are then updated twice per step (once more in the
+    recomputation); training uses batch statistics, so the loss is unchanged."""
+    for block in blocks:
+        has_weights = any(p.requires_grad for p in block.parameters())
+        x = checkpoint(block, x, use_reentrant=False) if checkpointed and has_weights \
+            else block(x)
+    return x
 
 
 def conv_bn_relu(in_channels, out_channels, batch_norm=True):
@@ -36,9 +50,11 @@ class SmallCNN(nn.Module):
             nn.Flatten(),
         )
         self.classifier = nn.Linear(4 * width, num_classes)
+        self.grad_checkpointing = False
 
     def forward(self, x):
-        return self.classifier(self.features(x))
+        checkpointed = self.grad_checkpointing and self.training
+        return self.classifier(run_blocks(self.features, x, checkpointed))
 
 
 class WideBasicBlock(nn.Module):
@@ -84,9 +100,11 @@ class WideResNet(nn.Module):
                    nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(widths[3], num_classes)
+        self.grad_checkpointing = False
 
     def forward(self, x):
-        return self.classifier(self.features(x))
+        checkpointed = self.grad_checkpointing and self.training
+        return self.classifier(run_blocks(self.features, x, checkpointed))
 
 
 MODELS = {
@@ -96,9 +114,12 @@ MODELS = {
 }
 
 
-def build(name, dataset_info):
-    """Build model ``name`` shaped for a dataset's channels and classes."""
-    return MODELS[name](dataset_info)
+def build(name, dataset_info, grad_checkpointing=False):
+    """Build model ``name`` shaped for a dataset's channels and classes; with
+    ``grad_checkpointing`` its blocks recompute their activations in backward."""
+    model = MODELS[name](dataset_info)
+    model.grad_checkpointing = grad_checkpointing
+    return model
 
 
 def count_parameters(model):

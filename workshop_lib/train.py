@@ -6,6 +6,7 @@ only the lines DistributedDataParallel needs (notebook 02 goes through them one 
     python -m workshop_lib.train --epochs 10 --batch-size 64
     python -m workshop_lib.train --dataset fashion-mnist --model wrn-16-4 --device cuda
 """
+import math
 import time
 
 import torch
@@ -19,6 +20,7 @@ from workshop_lib import (
     data,
     faults,
     hardware,
+    memory,
     metrics,
     models,
     optim,
@@ -26,44 +28,72 @@ from workshop_lib import (
     scaling,
 )
 from workshop_lib.errors import exit_cleanly_on_course_error
+from workshop_lib.precision import PLAIN, Precision
 
 
 def load_train_objs(args, device):
     train_set, val_set, info = data.load(args.dataset, args.data_dir)
     torch.manual_seed(args.seed)
-    model = models.build(args.model, info).to(device)
+    model = models.build(args.model, info, args.grad_checkpointing)
+    # channels_last: the layout Tensor Cores' convolutions read fastest (GPUs only).
+    model = model.to(device, memory_format=memory_format(args))
     return train_set, val_set, info, model
+
+
+def memory_format(args):
+    return torch.channels_last if args.channels_last else torch.contiguous_format
 
 
 def prepare_dataloaders(args, train_set, val_set, device):
     train_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     val_sampler = SequentialSampler(val_set)
-    train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device)
-    val_loader = data.TensorLoader(val_set, 512, val_sampler, device)
+    train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device,
+                                     memory_format=memory_format(args))
+    val_loader = data.TensorLoader(val_set, 512, val_sampler, device,
+                                   memory_format=memory_format(args))
     return train_sampler, train_loader, val_loader
 
 
-def train_step(model, optimizer, x, y):
+def backward(model, x, y, precision, accumulate=1):
+    """Forward and backward of one (micro-)batch, gradients added to .grad. Returns its
+    mean loss, on the device."""
+    with precision.autocast():
+        loss = F.cross_entropy(model(x), y)
+    # Each of `accumulate` micro-batches adds its share: together, the mean over all.
+    precision.backward(loss / accumulate)
+    return loss.detach()
+
+
+def train_step(model, optimizer, x, y, precision=PLAIN):
     """One optimizer step on the batch (x, y). Returns its mean loss, on the device."""
-    loss = F.cross_entropy(model(x), y)
+    loss = backward(model, x, y, precision)
+    precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
     return loss
 
 
-def train_epoch(model, loader, optimizer, scheduler, progress):
-    """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
+def train_epoch(model, loader, optimizer, scheduler, precision, accumulate, progress):
+    """One pass over the loader, one optimizer step per `accumulate` batches. Returns
+    [sum of losses, samples] as a tensor on the device, and the bytes the first batch
+    saved for backward."""
     model.train()
     loss_sum, samples = torch.zeros((), device=next(model.parameters()).device), 0
-    for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
-        loss = train_step(model, optimizer, x, y)
-        scheduler.step()
+    saved = memory.SavedForBackward(model)  # what the first batch keeps for backward
+    batches = tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="batch")
+    for i, (x, y) in enumerate(batches):
+        last = (i + 1) % accumulate == 0 or i + 1 == len(loader)  # the group's last batch
+        with saved.counting(i == 0):
+            loss = backward(model, x, y, precision, accumulate)
+        if last:
+            precision.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
         # Sum on the device, count on the host: loss.item() or building a tensor from a
         # Python number here would make every step wait for the GPU (a host-device sync).
-        loss_sum += loss.detach() * len(y)
+        loss_sum += loss * len(y)
         samples += len(y)
-    return torch.stack([loss_sum, torch.tensor(float(samples), device=loss_sum.device)])
+    return torch.stack([loss_sum, torch.tensor(float(samples), device=loss_sum.device)]), \
+        saved.bytes
 
 
 @torch.no_grad()
@@ -86,31 +116,35 @@ def fit(args, device):
     train_sampler, train_loader, val_loader = prepare_dataloaders(args, train_set, val_set, device)
 
     world_size = 1
-    global_batch_size = args.batch_size * world_size
+    # An optimizer step takes `accumulate` batches: the learning-rate rules see all of them.
+    global_batch_size = args.batch_size * args.accumulate * world_size
+    steps_per_epoch = math.ceil(len(train_loader) / args.accumulate)
     lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
-    warmup_steps = round(args.warmup_epochs * len(train_loader))
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
     optimizer = optim.build(args.optimizer, model.parameters(), lr, args.momentum,
                             args.weight_decay)
-    total_steps = args.epochs * len(train_loader)
+    precision = Precision(args.amp, device)
+    total_steps = args.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
     start_epoch = 1
     if args.resume:
         start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model, optimizer,
-                                            scheduler)
+                                            scheduler, precision)
     train_loader = faults.inject(train_loader, args.inject_fault, 0,
                                  steps_done=(start_epoch - 1) * len(train_loader))
 
     # One write per line (end="" with the newline inside), so that lines from processes
     # sharing a terminal never run into each other.
-    print(f"[{device}] samples={len(train_sampler)} steps={len(train_loader)} "
+    print(f"[{device}] samples={len(train_sampler)} steps={steps_per_epoch} "
           f"threads={threads}\n", end="", flush=True)
     log = runlog.RunLog(args.out, append=start_epoch > 1)
     log.start("train", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),
               backend=None, world_size=world_size, batch_size=args.batch_size,
-              global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
-              warmup_steps=warmup_steps, threads_per_process=threads, start_epoch=start_epoch)
+              global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch, lr=lr,
+              warmup_steps=warmup_steps, accumulate=args.accumulate, amp=args.amp,
+              threads_per_process=threads, start_epoch=start_epoch)
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
@@ -120,16 +154,21 @@ def fit(args, device):
         # The same permutation for the same (seed, epoch): a resumed run sees the same data.
         train_sampler.generator.manual_seed(args.seed + epoch)
         hardware.synchronize(device)
+        memory.reset_peak(device)
         epoch_start = time.perf_counter()
-        train_sums = train_epoch(model, train_loader, optimizer, scheduler, args.progress)
+        train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
+                                              precision, args.accumulate, args.progress)
         hardware.synchronize(device)
         epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
         val_sums = evaluate(model, val_loader)
 
         record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,
-                                      global_batch_size, epoch_s, time.perf_counter() - start)
+                                      global_batch_size, epoch_s, time.perf_counter() - start,
+                                      saved_activation_bytes=saved_bytes,
+                                      peak_memory_mib=memory.peak_mib(device))
         log.epoch(record)
-        checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, epoch),
+        checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, epoch,
+                                                          None, precision),
                                args.out / "checkpoint.pt")
         if stop.reached(record["val_acc"]):
             stop_reason = stop.reason()

@@ -6,6 +6,8 @@ This is train.py plus the steps DistributedDataParallel needs, and nothing else;
     torchrun --standalone --nproc-per-node=2 -m workshop_lib.train_ddp --epochs 10
     torchrun --standalone --nproc-per-node=gpu -m workshop_lib.train_ddp --model wrn-16-10
 """
+import contextlib
+import math
 import os
 import time
 from datetime import timedelta
@@ -24,6 +26,7 @@ from workshop_lib import (
     distributed,
     faults,
     hardware,
+    memory,
     metrics,
     models,
     optim,
@@ -31,13 +34,20 @@ from workshop_lib import (
     scaling,
 )
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
+from workshop_lib.precision import PLAIN, Precision
 
 
 def load_train_objs(args, device):
     train_set, val_set, info = data.load(args.dataset, args.data_dir)
     torch.manual_seed(args.seed)
-    model = models.build(args.model, info).to(device)
+    model = models.build(args.model, info, args.grad_checkpointing)
+    # channels_last: the layout Tensor Cores' convolutions read fastest (GPUs only).
+    model = model.to(device, memory_format=memory_format(args))
     return train_set, val_set, info, model
+
+
+def memory_format(args):
+    return torch.channels_last if args.channels_last else torch.contiguous_format
 
 
 def wrap(model, device, process_group=None):
@@ -58,32 +68,56 @@ def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=args.seed)
     # Validation shards without DistributedSampler's padding, so the counts are exact.
     val_sampler = data.ShardSampler(val_set, rank, world_size)
-    train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device)
-    val_loader = data.TensorLoader(val_set, 512, val_sampler, device)
+    train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device,
+                                     memory_format=memory_format(args))
+    val_loader = data.TensorLoader(val_set, 512, val_sampler, device,
+                                   memory_format=memory_format(args))
     return train_sampler, train_loader, val_loader
 
 
-def train_step(model, optimizer, x, y):
+def backward(model, x, y, precision, accumulate=1):
+    """Forward and backward of one (micro-)batch, gradients added to .grad. Returns its
+    mean loss, on the device."""
+    with precision.autocast():
+        loss = F.cross_entropy(model(x), y)
+    # Each of `accumulate` micro-batches adds its share: together, the mean over all.
+    precision.backward(loss / accumulate)
+    return loss.detach()
+
+
+def train_step(model, optimizer, x, y, precision=PLAIN):
     """One optimizer step on the batch (x, y). Returns its mean loss, on the device."""
-    loss = F.cross_entropy(model(x), y)
+    loss = backward(model, x, y, precision)
+    precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
     return loss
 
 
-def train_epoch(model, loader, optimizer, scheduler, progress):
-    """One pass over the loader. Returns [sum of losses, samples] as a tensor on the device."""
+def train_epoch(model, loader, optimizer, scheduler, precision, accumulate, progress):
+    """One pass over the loader, one optimizer step per `accumulate` batches. Returns
+    [sum of losses, samples] as a tensor on the device, and the bytes the first batch
+    saved for backward."""
     model.train()
     loss_sum, samples = torch.zeros((), device=next(model.parameters()).device), 0
-    for x, y in tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="step"):
-        loss = train_step(model, optimizer, x, y)
-        scheduler.step()
+    saved = memory.SavedForBackward(model)  # what the first batch keeps for backward
+    batches = tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="batch")
+    for i, (x, y) in enumerate(batches):
+        last = (i + 1) % accumulate == 0 or i + 1 == len(loader)  # the group's last batch
+        # Only the group's last backward all-reduces the summed gradients: no_sync()
+        # skips the all-reduce in the others, one all-reduce per optimizer step.
+        sync = contextlib.nullcontext() if last else model.no_sync()
+        with saved.counting(i == 0), sync:
+            loss = backward(model, x, y, precision, accumulate)
+        if last:
+            precision.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
         # Sum on the device, count on the host: loss.item() or building a tensor from a
         # Python number here would make every step wait for the GPU (a host-device sync).
-        loss_sum += loss.detach() * len(y)
+        loss_sum += loss * len(y)
         samples += len(y)
-    return torch.stack([loss_sum, torch.tensor(float(samples), device=loss_sum.device)])
+    return torch.stack([loss_sum, torch.tensor(float(samples), device=loss_sum.device)]), \
+        saved.bytes
 
 
 @torch.no_grad()
@@ -108,12 +142,15 @@ def fit(args, device, rank, world_size):
     train_sampler, train_loader, val_loader = prepare_dataloaders(
         args, train_set, val_set, device, rank, world_size)
 
-    global_batch_size = args.batch_size * world_size
+    # An optimizer step takes `accumulate` batches: the learning-rate rules see all of them.
+    global_batch_size = args.batch_size * args.accumulate * world_size
+    steps_per_epoch = math.ceil(len(train_loader) / args.accumulate)
     lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
-    warmup_steps = round(args.warmup_epochs * len(train_loader))
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
     optimizer = optim.build(args.optimizer, model.parameters(), lr, args.momentum,
                             args.weight_decay)
-    total_steps = args.epochs * len(train_loader)
+    precision = Precision(args.amp, device)
+    total_steps = args.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
     start_epoch = 1
@@ -124,20 +161,21 @@ def fit(args, device, rank, world_size):
     if args.resume or (restarted and checkpoint.from_job(args.out / "checkpoint.pt", job,
                                                          say=is_rank0)):
         start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model.module, optimizer,
-                                            scheduler)
+                                            scheduler, precision)
     train_loader = faults.inject(train_loader, args.inject_fault, rank,
                                  steps_done=(start_epoch - 1) * len(train_loader))
 
     # One write per line (end="" with the newline inside), so that lines from processes
     # sharing a terminal never run into each other.
     print(f"[rank {rank}/{world_size}] {device} samples={len(train_sampler)} "
-          f"steps={len(train_loader)} threads={threads}\n", end="", flush=True)
+          f"steps={steps_per_epoch} threads={threads}\n", end="", flush=True)
     log = runlog.RunLog(args.out, enabled=is_rank0, append=start_epoch > 1)
     log.start("train_ddp", args, dataset=info.name, model=args.model,
               parameters=models.count_parameters(model), device=str(device),
               backend=dist.get_backend(), world_size=world_size, batch_size=args.batch_size,
-              global_batch_size=global_batch_size, steps_per_epoch=len(train_loader), lr=lr,
-              warmup_steps=warmup_steps, threads_per_process=threads, start_epoch=start_epoch)
+              global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch, lr=lr,
+              warmup_steps=warmup_steps, accumulate=args.accumulate, amp=args.amp,
+              threads_per_process=threads, start_epoch=start_epoch)
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
@@ -147,9 +185,11 @@ def fit(args, device, rank, world_size):
         # A new permutation each epoch; without this every epoch repeats epoch 0's order.
         train_sampler.set_epoch(epoch)
         hardware.synchronize(device)
+        memory.reset_peak(device)
         epoch_start = time.perf_counter()
-        train_sums = train_epoch(model, train_loader, optimizer, scheduler,
-                                 args.progress and is_rank0)
+        train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
+                                              precision, args.accumulate,
+                                              args.progress and is_rank0)
         hardware.synchronize(device)
         epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
         # BatchNorm running statistics are buffers each rank updates from its own batches:
@@ -162,11 +202,14 @@ def fit(args, device, rank, world_size):
         dist.all_reduce(val_sums)
 
         record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,
-                                      global_batch_size, epoch_s, time.perf_counter() - start)
+                                      global_batch_size, epoch_s, time.perf_counter() - start,
+                                      saved_activation_bytes=saved_bytes,
+                                      peak_memory_mib=memory.peak_mib(device))
         log.epoch(record)
         if is_rank0:  # the unwrapped model's state loads without DDP
             checkpoint.save_atomic(
-                checkpoint.training_state(model.module, optimizer, scheduler, epoch, job),
+                checkpoint.training_state(model.module, optimizer, scheduler, epoch, job,
+                                          precision),
                 args.out / "checkpoint.pt")
         if stop.reached(record["val_acc"]):
             stop_reason = stop.reason()

@@ -1,0 +1,55 @@
+"""What a training step keeps in memory (notebook 05): the bytes autograd saves for the
+backward pass, on any device, and the GPU's peak allocation.
+
+Gradient checkpointing and mixed precision change how much a step saves for backward;
+on a CPU that is the figure to watch (there is no allocator to ask), on a GPU the peak
+memory the caching allocator reached as well.
+"""
+import contextlib
+
+import torch
+
+
+class SavedForBackward:
+    """Count the bytes of the tensors autograd saves for backward inside this context.
+
+    Each storage counts once (views of one tensor share it), and the model's parameters
+    not at all (they are kept anyway): what is left is the activations, the memory that
+    grows with the batch.
+    """
+
+    def __init__(self, model):
+        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.seen, self.bytes = set(), 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, tensor):
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.parameters and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += storage.nbytes()
+        return tensor
+
+    def counting(self, on):
+        """This counter as a context when ``on``, else a context that counts nothing."""
+        return self if on else contextlib.nullcontext()
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+
+def reset_peak(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_mib(device):
+    """The GPU's peak allocated memory since ``reset_peak`` (MiB), or None on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**20
