@@ -1,5 +1,17 @@
 """nbgrader's settings for the assessment. nbgrader reads this file from the folder it
 runs in: run every nbgrader command (or `make ...`) from this folder."""
+import importlib.util
+import sys
+from pathlib import Path
+
+from nbgrader.preprocessors import (
+    CheckCellMetadata,
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteCells,
+    OverwriteKernelspec,
+)
+
 c = get_config()  # noqa: F821 - nbgrader defines get_config when it loads this file
 
 c.CourseDirectory.course_id = "ddp-workshop"
@@ -14,6 +26,31 @@ c.CourseDirectory.ignore = [
 ]
 
 # Each test run of a learner's script is stopped after ddp_checks.Config.time_limit_s
-# (300 s); a notebook cell may take that plus start-up, and no cell more than this
-# (an endless loop in a learner's own cell is interrupted here, and grading goes on).
+# (300 s); a notebook cell may take that plus start-up, and no cell more than this.
 c.Execute.timeout = 420
+
+
+def _load_autograde_guard():
+    """autograde_guard.py, next to this file, loaded by its path: nothing is added to
+    sys.path of the process that reads this configuration (a JupyterLab server too)."""
+    path = Path(__file__).resolve().with_name("autograde_guard.py")
+    spec = importlib.util.spec_from_file_location("ddp_workshop_autograde_guard", path)
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+# Grade the assignment's own cells and files only (autograde_guard.py says why): nbgrader's
+# sanitize step, with the two guards between its DeduplicateIds and OverwriteCells.
+_guard = _load_autograde_guard()
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput, DeduplicateIds, OverwriteKernelspec,
+    _guard.KeepAssignmentCellsOnly, _guard.KeepAssignmentFilesOnly,
+    OverwriteCells, CheckCellMetadata,
+]
+# The cell in which learners write their script: always graded as the file it writes.
+c.KeepAssignmentCellsOnly.script_cell = "ddp_script"
+c.KeepAssignmentCellsOnly.script_first_line = "%%writefile train_digits_ddp.py"

@@ -2,9 +2,14 @@
 
 A copy of assessment/ gets its release and gradebook (`make release`), then one
 submission per case: the instructor's solution, a correct solution in another style, the
-untouched release, five typical mistakes, and a job that never finishes. `make autograde`
-grades them, each with one real torchrun launch of the learner's script; the scores are
-read from nbgrader's gradebook, because nbgrader exits 0 even when tests fail.
+untouched release, the typical mistakes (each must lose exactly its requirement), correct
+variants that must keep full marks, learners' attempts at changing the grade from cells
+of their own (each must score exactly what its script earns), and a job that never
+finishes. `make autograde` grades them, each with one real torchrun launch of the
+learner's script; the scores are read from nbgrader's gradebook, because nbgrader exits 0
+even when tests fail. To keep CI time down, most attempts at changing the grade ride on a
+submission with a mistake: without the guards they would turn its lost points into full
+marks.
 """
 import csv
 import json
@@ -23,36 +28,40 @@ from nbgrader.api import Gradebook
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 ASSESSMENT = REPO / "assessment"
 ASSIGNMENT = "ddp_refactor"
 NOTEBOOK = f"{ASSIGNMENT}.ipynb"
 SUBMISSIONS = Path(__file__).resolve().parent / "assessment_submissions"
 SCRIPT_CELL = "ddp_script"
-FIRST_TEST = "runs_and_reaches_target_accuracy"
 EDITED_TEST = "shards_reshuffled_each_epoch"
+SKIPPED_TEST = "rank0_only_logs_and_writes"
+MAX_SCORE = 12
 # The hanging submission runs under short limits, so that the test does not wait 5 min.
 HANG_LAUNCH_LIMIT_S = 15
 HANG_CELL_TIMEOUT_S = 30
+# Each graded notebook executes within this, on 2 CPU cores.
+NOTEBOOK_LIMIT_S = 60
 
-# Typical mistakes, each as edits of the instructor's solution, and the test cells (by
-# nbgrader grade_id) that each must fail: all the others must give full points.
-MISTAKES = {
+# Edits of the instructor's solution, and the test cells (by nbgrader grade_id) that each
+# must fail: all the others must give full points.
+VARIANTS = {
     "no_sampler": ([
-        ("""    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
-                                       shuffle=True, seed=seed)
+        ("""    train_sampler = DistributedSampler(train_set, shuffle=True, seed=seed)
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)
-""", """    train_sampler = None
-    generator = torch.Generator().manual_seed(seed)
+""", """    generator = torch.Generator().manual_seed(seed)
     train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
                               generator=generator)
 """),
-        ("        train_sampler.set_epoch(epoch)\n", ""),
+        ("        train_loader.sampler.set_epoch(epoch)\n", ""),
     ], {"shards_disjoint_and_cover"}),
     "no_set_epoch": ([
-        ("        train_sampler.set_epoch(epoch)\n", ""),
+        ("        train_loader.sampler.set_epoch(epoch)\n", ""),
     ], {"shards_reshuffled_each_epoch"}),
     "checkpoint_every_rank": ([
         ("""            log.flush()
+            # The unwrapped model: the checkpoint loads into build_model() without DDP.
             torch.save({"epoch": epoch, "model": model.module.state_dict(),
                         "optimizer": optimizer.state_dict()}, args.out / "checkpoint.pt")
 """, """            log.flush()
@@ -66,10 +75,38 @@ MISTAKES = {
 """, ""),
     ], {"validation_metrics_are_global"}),
     "not_wrapped": ([
-        ("""    model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+        ("""    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 """, ""),
         ("model.module.state_dict()", "model.state_dict()"),
-    ], {"parameters_identical_on_all_ranks"}),
+    ], {"gradients_averaged_over_ranks"}),
+    "summed_gradients": ([
+        ("        loss.backward()\n", "        (loss * dist.get_world_size()).backward()\n"),
+    ], {"gradients_averaged_over_ranks"}),
+    "parameters_averaged_each_epoch": ([
+        ("""    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+""", ""),
+        ("model.module.state_dict()", "model.state_dict()"),
+        ("""        train_sums = train_one_epoch(model, train_loader, optimizer, device)
+""", """        train_sums = train_one_epoch(model, train_loader, optimizer, device)
+        with torch.no_grad():  # local SGD: the ranks' parameters averaged once per epoch
+            for p in model.parameters():
+                dist.all_reduce(p)
+                p /= world_size
+"""),
+    ], {"gradients_averaged_over_ranks"}),
+    "lr_not_scaled": ([
+        ("    lr = args.lr * world_size\n", "    lr = args.lr\n"),
+    ], {"learning_rate_follows_global_batch"}),
+    "drop_last": ([
+        ("DistributedSampler(train_set, shuffle=True, seed=seed)",
+         "DistributedSampler(train_set, shuffle=True, seed=seed, drop_last=True)"),
+        ("DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)",
+         "DataLoader(train_set, batch_size=batch_size, sampler=train_sampler,\n"
+         "                              drop_last=True)"),
+    ], set()),
+    "init_per_rank_then_broadcast": ([  # DDP broadcasts rank 0's parameters
+        ("    torch.manual_seed(args.seed)\n", "    torch.manual_seed(args.seed + rank)\n"),
+    ], set()),
 }
 NEVER_FINISHES = [  # the epoch counter is never incremented
     ("""    for epoch in range(1, args.epochs + 1):
@@ -77,7 +114,52 @@ NEVER_FINISHES = [  # the epoch counter is never incremented
     while epoch <= args.epochs:
 """),
 ]
-# A learner's own cell that waits for a file no run writes: stopped by the cell timeout.
+
+# Learners' own cells that try to change the grade; nbgrader would run them in the kernel
+# before the test cells. Each rides on a submission whose script loses points.
+PASS_ALL = """import ddp_checks
+
+def passing(run):
+    print("PASS")
+
+for name in dir(ddp_checks):
+    if name.startswith("check_"):
+        setattr(ddp_checks, name, passing)
+ddp_checks.CHECKS = {name: passing for name in ddp_checks.CHECKS}"""
+PASS_ONE = """import ddp_checks
+ddp_checks.check_shards_disjoint_and_cover = lambda run: print("PASS")"""
+# Survives `importlib.reload(ddp_checks)` and a fresh `import ddp_checks`.
+PASS_ALL_STICKY = """import builtins
+import importlib
+import sys
+
+import ddp_checks
+
+def passing(run):
+    print("PASS")
+
+def patch(module):
+    if getattr(module, "__name__", "") == "ddp_checks":
+        for name in dir(module):
+            if name.startswith("check_"):
+                setattr(module, name, passing)
+    return module
+
+reload, load = importlib.reload, builtins.__import__
+importlib.reload = lambda module: patch(reload(module))
+builtins.__import__ = lambda name, *args, **kwargs: patch(load(name, *args, **kwargs))
+sys.modules["ddp_checks"] = patch(ddp_checks)"""
+ATTEMPTS = {  # submission: its added cell
+    "no_sampler": PASS_ONE,
+    "metrics_not_reduced": PASS_ALL,
+    "lr_not_scaled": PASS_ALL_STICKY,
+}
+# Instead of a %%writefile cell, Python that patches the checks: graded as the script it
+# writes, which trains nothing.
+SCRIPT_CELL_AS_KERNEL_CODE = PASS_ALL
+# Files submitted next to the notebook: a torch package that would shadow the real one.
+SHADOWING_FILES = {"torch/__init__.py": "raise ImportError('a learner\\'s torch')\n"}
+# A learner's own cell that waits for a file no run writes.
 WAITING_CELL = """import time
 from pathlib import Path
 
@@ -113,8 +195,9 @@ def with_edits(script, edits, name):
     return script
 
 
-def submit(course, student, script=None, edit=None):
-    """Write submitted/<student>/: the release notebook with the script cell replaced."""
+def submit(course, student, script=None, edit=None, files=None):
+    """Write submitted/<student>/: the release notebook with the script cell replaced,
+    then ``edit`` applied, and any other ``files`` beside it."""
     notebook = nbformat.read(course / "release" / ASSIGNMENT / NOTEBOOK, as_version=4)
     if script is not None:
         cell_by_id(notebook, SCRIPT_CELL).source = script
@@ -123,6 +206,9 @@ def submit(course, student, script=None, edit=None):
     folder = course / "submitted" / student / ASSIGNMENT
     folder.mkdir(parents=True)
     nbformat.write(notebook, folder / NOTEBOOK)
+    for name, text in (files or {}).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
 
 
 def make(course, target, *args, env=None, timeout=1200):
@@ -144,6 +230,32 @@ def execution_seconds(notebook_path):
     return (max(stamps) - min(stamps)).total_seconds()
 
 
+def submit_cases(course):
+    """Every submission of the first `make autograde`."""
+    solution = solution_script()
+    submit(course, "solution", solution)
+    alt_style = (SUBMISSIONS / "alt_style.py").read_text()
+    submit(course, "alt_style", f"%%writefile train_digits_ddp.py\n{alt_style}")
+    submit(course, "untouched_release")
+    for name, (edits, _) in VARIANTS.items():
+        def edit(notebook, name=name):
+            if name in ATTEMPTS:
+                add_cell(notebook, ATTEMPTS[name])
+            if name == "no_set_epoch":  # ... and the learner "fixed" the test that fails
+                cell_by_id(notebook, EDITED_TEST).source = EDITED_TEST_SOURCE
+            if name == "checkpoint_every_rank":  # ... and told nbclient to skip that test
+                cell_by_id(notebook, SKIPPED_TEST).metadata["tags"] = ["skip-execution"]
+        files = SHADOWING_FILES if name == "drop_last" else {}
+        submit(course, name, with_edits(solution, edits, name), edit, files)
+    submit(course, "script_cell_as_kernel_code", SCRIPT_CELL_AS_KERNEL_CODE)
+
+
+def add_cell(notebook, source):
+    """A learner's cell right after the script cell: before every test cell."""
+    at = notebook.cells.index(cell_by_id(notebook, SCRIPT_CELL)) + 1
+    notebook.cells.insert(at, nbformat.v4.new_code_cell(source))
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     """A copy of assessment/ after the whole instructor workflow; also prints the score
@@ -154,37 +266,23 @@ def course(tmp_path_factory):
         "autograde.log", "runs", "grading_run", "train_digits*.py", "__pycache__"))
     shutil.rmtree(course / "release")  # made afresh: test_committed_release compares
     make(course, "release")
-
-    solution = solution_script()
-    submit(course, "solution", solution)
-    alt_style = (SUBMISSIONS / "alt_style.py").read_text()
-    submit(course, "alt_style", f"%%writefile train_digits_ddp.py\n{alt_style}")
-    submit(course, "untouched_release")
-    for name, (edits, _) in MISTAKES.items():
-        edit = None
-        if name == "no_set_epoch":  # ... and the learner "fixed" the test that fails
-            def edit(notebook):
-                cell_by_id(notebook, EDITED_TEST).source = EDITED_TEST_SOURCE
-        submit(course, name, with_edits(solution, edits, name), edit)
-
+    submit_cases(course)
     start = time.perf_counter()
     autograde_log = make(course, "autograde")
     autograde_s = time.perf_counter() - start
 
-    def add_waiting_cell(notebook):
-        at = notebook.cells.index(cell_by_id(notebook, SCRIPT_CELL)) + 1
-        notebook.cells.insert(at, nbformat.v4.new_code_cell(WAITING_CELL))
-
-    submit(course, "never_finishes", with_edits(solution, NEVER_FINISHES, "never_finishes"),
-           add_waiting_cell)
+    submit(course, "never_finishes", with_edits(solution_script(), NEVER_FINISHES,
+                                                "never_finishes"),
+           lambda notebook: add_cell(notebook, WAITING_CELL))
     # `make autograde` again grades only the new submission.
     start = time.perf_counter()
-    hang_log = make(course, "autograde", f"NBGRADER_ARGS=--Execute.timeout={HANG_CELL_TIMEOUT_S}",
+    hang_log = make(course, "autograde",
+                    f"NBGRADER_ARGS=--Execute.timeout={HANG_CELL_TIMEOUT_S}",
                     env={"DDP_CHECKS_TIME_LIMIT_S": str(HANG_LAUNCH_LIMIT_S)})
     hang_s = time.perf_counter() - start
 
     make(course, "feedback")
-    make(course, "grades")
+    grades_log = make(course, "grades")
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         scores = {}
@@ -202,10 +300,10 @@ def course(tmp_path_factory):
     for student, result in sorted(scores.items()):
         lost = [f"{cell} -{mx - got:g}" for cell, (got, mx) in result["cells"].items()
                 if got < mx]
-        print(f"{student:22} {result['total'][0]:4g}/{result['total'][1]:g}  "
+        print(f"{student:30} {result['total'][0]:4g}/{result['total'][1]:g}  "
               f"{seconds[student]:5.1f} s  {', '.join(lost) or 'full marks'}")
     return {"path": course, "scores": scores, "seconds": seconds, "hang_s": hang_s,
-            "autograde_log": autograde_log, "hang_log": hang_log}
+            "autograde_log": autograde_log, "hang_log": hang_log, "grades_log": grades_log}
 
 
 def failing_cells(course, student):
@@ -235,7 +333,7 @@ def graded_notebook(course, student):
 
 
 def test_instructor_solution_gets_full_marks(course):
-    assert course["scores"]["solution"]["total"] == (10, 10)
+    assert course["scores"]["solution"]["total"] == (MAX_SCORE, MAX_SCORE)
     assert_only_failing(course, "solution", set())
 
 
@@ -247,15 +345,20 @@ def test_untouched_release_scores_zero_quickly_with_the_reason(course):
     assert course["scores"]["untouched_release"]["total"][0] == 0
     assert failing_cells(course, "untouched_release") == set(
         course["scores"]["solution"]["cells"])
-    assert course["seconds"]["untouched_release"] < 120
     feedback = feedback_text(course, "untouched_release")
     assert "stopped with NotImplementedError" in feedback
     assert "still needs your code" in feedback
 
 
-@pytest.mark.parametrize("mistake", MISTAKES)
-def test_each_mistake_loses_exactly_its_requirement(course, mistake):
-    assert_only_failing(course, mistake, MISTAKES[mistake][1])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_loses_exactly_the_requirement_it_breaks(course, variant):
+    assert_only_failing(course, variant, VARIANTS[variant][1])
+
+
+def test_every_graded_notebook_runs_within_the_limit(course):
+    slow = {student: round(s) for student, s in course["seconds"].items()
+            if s > NOTEBOOK_LIMIT_S and student != "never_finishes"}
+    assert not slow, f"over {NOTEBOOK_LIMIT_S} s: {slow}"
 
 
 def test_feedback_says_why_a_requirement_is_not_met(course):
@@ -263,7 +366,10 @@ def test_feedback_says_why_a_requirement_is_not_met(course):
     assert "overlapping data" in feedback_text(course, "no_sampler")
     assert "rank 1 wrote out/checkpoint.pt" in feedback_text(course, "checkpoint_every_rank")
     assert "dist.all_reduce" in feedback_text(course, "metrics_not_reduced")
-    assert "parameters differ" in feedback_text(course, "not_wrapped")
+    assert "summed, not averaged" in feedback_text(course, "summed_gradients")
+    for student in ("not_wrapped", "parameters_averaged_each_epoch"):
+        assert "each rank stepped on its own gradients" in feedback_text(course, student)
+    assert "scale --lr 0.04 by the world size" in feedback_text(course, "lr_not_scaled")
     for student in course["scores"]:  # in test cells: the reason alone, no traceback
         for cell in graded_notebook(course, student).cells:
             if cell.metadata.get("nbgrader", {}).get("grade"):
@@ -271,6 +377,50 @@ def test_feedback_says_why_a_requirement_is_not_met(course):
                     if output.output_type == "error":
                         assert output.ename == "RequirementNotMet"
                         assert len(output.traceback) == 1, output.traceback
+
+
+def test_feedback_ends_with_the_total_and_the_pass_mark(course):
+    expected = {"solution": "Total: 12 of 12 points", "lr_not_scaled": "Total: 11 of 12",
+                "not_wrapped": "Total: 9 of 12", "untouched_release": "Total: 0 of 12"}
+    for student, total in expected.items():
+        feedback = feedback_text(course, student)
+        assert total in feedback
+        assert "Pass mark: at least 9 of the 12 points, including " \
+               "runs_and_reaches_target_accuracy and gradients_averaged_over_ranks" in feedback
+        verdict = "NOT PASSED" if student in ("not_wrapped", "untouched_release") else "PASSED"
+        assert f"Result: {verdict}." in feedback
+
+
+@pytest.mark.parametrize("student", [*ATTEMPTS, "script_cell_as_kernel_code"])
+def test_cells_a_learner_adds_are_not_graded(course, student):
+    """Each attempt scores what its script earns: the added cell is gone from the graded
+    notebook, and the script cell writes the script."""
+    graded = graded_notebook(course, student)
+    release = nbformat.read(course["path"] / "release" / ASSIGNMENT / NOTEBOOK, as_version=4)
+    assert [grade_id(c) for c in graded.cells] == [grade_id(c) for c in release.cells]
+    script = cell_by_id(graded, SCRIPT_CELL).source
+    assert script.split("\n")[0] == "%%writefile train_digits_ddp.py"
+    if student == "script_cell_as_kernel_code":
+        assert course["scores"][student]["total"][0] == 0
+        assert "never called digits_data.load_data()" in feedback_text(course, student)
+    else:
+        assert_only_failing(course, student, VARIANTS[student][1])
+    assert "Dropped 1 cell(s) that are not part of the assignment" in course["autograde_log"]
+
+
+def test_a_test_cell_tagged_to_be_skipped_still_runs(course):
+    graded = graded_notebook(course, "checkpoint_every_rank")
+    skipped = cell_by_id(graded, SKIPPED_TEST)
+    assert "tags" not in skipped.metadata
+    assert any(output.output_type == "error" for output in skipped.outputs)
+
+
+def test_files_submitted_beside_the_notebook_are_not_graded(course):
+    graded = course["path"] / "autograded" / "drop_last" / ASSIGNMENT
+    assert not (graded / "torch").exists()
+    assert "Removed torch: only the notebook of a submission is graded" in \
+        course["autograde_log"]
+    assert course["scores"]["drop_last"]["total"][0] == MAX_SCORE
 
 
 def test_edited_test_cell_is_restored_and_flagged(course):
@@ -287,13 +437,12 @@ def test_edited_test_cell_is_restored_and_flagged(course):
 
 def test_never_finishing_submission_is_stopped_and_graded(course):
     assert course["scores"]["never_finishes"]["total"][0] == 0
-    # One launch stopped at its limit, one cell interrupted at the cell timeout.
-    assert course["hang_s"] < HANG_LAUNCH_LIMIT_S + HANG_CELL_TIMEOUT_S + 90
+    # One launch stopped at its limit; the learner's waiting cell never ran.
+    assert course["hang_s"] < HANG_LAUNCH_LIMIT_S + 90
     feedback = feedback_text(course, "never_finishes")
     assert f"did not finish within {HANG_LAUNCH_LIMIT_S} s and was stopped" in feedback
     graded = graded_notebook(course, "never_finishes")
-    waiting = next(cell for cell in graded.cells if cell.source == WAITING_CELL)
-    assert any(output.output_type == "error" for output in waiting.outputs)
+    assert not any(cell.source == WAITING_CELL for cell in graded.cells)
     # Nothing of the stopped job is left running.
     job = str(course["path"] / "autograded" / "never_finishes")
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -303,13 +452,22 @@ def test_never_finishing_submission_is_stopped_and_graded(course):
             pass
 
 
-def test_grades_csv_matches_the_gradebook(course):
+def test_grades_csv_matches_the_gradebook_with_a_pass_column(course):
     with open(course["path"] / "grades.csv") as f:
         rows = {row["student_id"]: row for row in csv.DictReader(f)}
     assert set(rows) == set(course["scores"])
     for student, result in course["scores"].items():
-        assert float(rows[student]["score"]) == result["total"][0]
-        assert float(rows[student]["max_score"]) == 10
+        row = rows[student]
+        assert float(row["score"]) == result["total"][0]
+        assert float(row["max_score"]) == MAX_SCORE
+        for cell, (got, _) in result["cells"].items():
+            assert float(row[cell]) == got
+        lost = failing_cells(course, student)
+        passed = (result["total"][0] >= 9 and not lost & {
+            "runs_and_reaches_target_accuracy", "gradients_averaged_over_ranks"})
+        assert row["passed"] == ("yes" if passed else "no"), student
+    assert rows["solution"]["passed"] == "yes" and rows["not_wrapped"]["passed"] == "no"
+    assert f"{len(rows)} learners" in course["grades_log"]
 
 
 def test_committed_release_is_generated_from_source(course):
@@ -347,7 +505,8 @@ def test_release_holds_nothing_of_the_solution_or_hidden_tests(course):
     source = ASSESSMENT / "source" / ASSIGNMENT
     for release in (ASSESSMENT / "release", course["path"] / "release"):
         files = [p for p in release.rglob("*") if p.is_file()]
-        assert {p.name for p in files} == {NOTEBOOK, "ddp_checks.py", "digits_data.py"}
+        assert {p.name for p in files} == {NOTEBOOK, "ddp_checks.py", "ddp_recorder.py",
+                                           "digits_data.py"}
         for path in files:
             text = path.read_text()
             assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text

@@ -2,12 +2,14 @@
 
 No DistributedSampler (each epoch, a Subset of a permutation that all ranks draw alike),
 no DDP wrapper (rank 0's initial weights broadcast, gradients averaged by hand with
-all_reduce), the whole validation set evaluated on rank 0 alone while the others wait,
-a differently named model and checkpoint key, and the checkpoint written atomically.
+all_reduce), the square-root learning-rate rule reached by a warmup, the whole validation
+set evaluated on rank 0 alone while the others wait, a differently named model and
+checkpoint key, and the checkpoint written atomically.
 The grader must give it full marks: it checks behaviour, not the code.
 """
 import argparse
 import json
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from digits_data import load_data
 from torch.utils.data import DataLoader, Subset
+
+WARMUP_STEPS = 10
 
 
 class MLP(nn.Module):
@@ -70,7 +74,12 @@ def main():
     model = MLP().to(device)
     for p in model.parameters():
         dist.broadcast(p.data, src=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # --lr is tuned for one process's batch; the global batch is world_size times larger:
+    # the square-root rule, reached over the first WARMUP_STEPS steps.
+    peak_lr = args.lr * math.sqrt(dist.get_world_size())
+    optimizer = torch.optim.SGD(model.parameters(), lr=peak_lr, momentum=0.9)
+    warmup = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS))
     train_set, val_set = load_data()
     if is_main:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -85,6 +94,7 @@ def main():
             F.cross_entropy(model(x), y).backward()
             average_gradients(model)
             optimizer.step()
+            warmup.step()
         if is_main:
             model.eval()
             val_loss, val_acc = accuracy_and_loss(model, val_set, device)

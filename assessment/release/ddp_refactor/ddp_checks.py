@@ -1,25 +1,27 @@
-"""The assessment's checks: launch a training script under torchrun, then test what it did.
+"""The assessment's checks: launch a training script under torchrun, then judge what it did.
 
-The test cells of the assessment notebook call this module:
+The test cells of the assessment notebook call this module, one check per test cell, each
+named after the cell's grade id:
 
     run = ddp_checks.launch("train_digits_ddp.py", ddp_checks.Config(epochs=3))
     ddp_checks.check_shards_disjoint_and_cover(run)
 
-``launch`` starts the script once with torchrun, with this file as every process's entry
-point. In each process it records what the script does while the script runs unchanged:
-which training and validation samples each DataLoader hands out, what the process prints
-and writes, what it saves with torch.save, and its model at the end (found as the module
-that the optimizer trains). Each process writes that record as JSON; the ``check_*``
-functions judge one requirement each from the records of all processes, and raise
-``RequirementNotMet`` with the reason when it is not met. Nothing reads the script's
-source: any correct way of writing it passes.
+``launch`` starts the script once with torchrun, with ``ddp_recorder.py`` (next to this
+file) as every process's entry point: it runs the script unchanged and records what each
+rank does (ddp_recorder.py says what, and how). Each ``check_<grade id>`` function judges
+one requirement from the records of all ranks, prints ``PASS: ...`` or raises
+``RequirementNotMet`` with the reason in one line. Nothing reads the script's source: any
+correct way of writing it passes. ``report`` adds up the points and says whether they reach
+the pass mark.
 
 Your copy of this file is replaced by the instructor's when your work is graded.
 
-The kernel side (``launch`` and the checks) needs only the standard library: importing
-torch in the notebook kernel would add seconds to every graded notebook.
+Standard library only: importing torch in the notebook's kernel would add seconds to every
+graded notebook.
 """
 import base64
+import contextlib
+import io
 import json
 import math
 import os
@@ -34,13 +36,45 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_DIR = Path("grading_run")  # under the notebook's folder: the evidence and --out of a run
+RECORDER = Path(__file__).resolve().with_name("ddp_recorder.py")
 TIME_LIMIT_ENV = "DDP_CHECKS_TIME_LIMIT_S"  # instructor's override of Config.time_limit_s
 NPROC_ENV = "DDP_CHECKS_NPROC"  # instructor's override of the number of processes
 CPU_PROCESSES = 2  # processes to launch where there are fewer than two GPUs
-METRIC_LINE = re.compile(r"val_(acc|loss)")  # a line of the per-epoch table
 ACC_TOLERANCE = 1e-4  # well under one validation sample (1/360)
 LOSS_RTOL = 1e-3  # float32 sums in another order differ by ~1e-6
-PARAM_ATOL = 1e-6
+PARAM_RTOL = 1e-6  # ranks that average their gradients hold bit-identical parameters
+START_RTOL = 1e-6  # ranks that start from rank 0's parameters hold exactly those
+# A replay on the CPU in float32 matches a correct job within ~1e-6 of the update; a job
+# that sums its gradients is off by ~1 update, one whose ranks step alone by ~0.5.
+REPLAY_RTOL = 0.02
+LR_RTOL = 1e-3
+
+# The requirements, in the notebook's order: grade id -> points.
+REQUIREMENTS = {
+    "runs_and_reaches_target_accuracy": 1,
+    "shards_disjoint_and_cover": 2,
+    "shards_reshuffled_each_epoch": 1,
+    "gradients_averaged_over_ranks": 3,
+    "rank0_only_logs_and_writes": 1,
+    "checkpoint_loads_into_plain_model": 1,
+    "validation_metrics_are_global": 2,
+    "learning_rate_follows_global_batch": 1,
+}
+# The pass mark: this many points, with these requirements among those met.
+PASS_POINTS = 9
+PASS_REQUIRES = ("runs_and_reaches_target_accuracy", "gradients_averaged_over_ranks")
+
+
+def passes(met):
+    """Whether a learner who met the requirements ``met`` (grade ids) passes."""
+    points = sum(REQUIREMENTS[grade_id] for grade_id in met)
+    return points >= PASS_POINTS and all(grade_id in met for grade_id in PASS_REQUIRES)
+
+
+def pass_rule():
+    """The pass mark, in words."""
+    return (f"at least {PASS_POINTS} of the {sum(REQUIREMENTS.values())} points, "
+            f"including {' and '.join(PASS_REQUIRES)}")
 
 
 @dataclass(frozen=True)
@@ -49,6 +83,7 @@ class Config:
 
     epochs: int = 3
     batch_size: int = 32
+    lr: float = 0.05
     seed: int = 0
     target_accuracy: float = 0.85
     time_limit_s: float = 300
@@ -62,7 +97,7 @@ class RequirementNotMet(AssertionError):
 
 
 # --------------------------------------------------------------------------------------
-# Kernel side: launch the script once, load the records.
+# Launch the script once and load the records.
 # --------------------------------------------------------------------------------------
 
 def visible_gpus():
@@ -130,7 +165,6 @@ class Run:
                 error = record["error"]
                 message = f": {error['message']}" if error["message"] else ""
                 reason = f"rank {rank} stopped with {error['type']}{message} ({error['where']})."
-
                 if error["type"] == "NotImplementedError":
                     reason += " A place marked '# YOUR CODE HERE' still needs your code."
                 return reason
@@ -152,7 +186,8 @@ class Run:
     def summary(self):
         where = f"{self.nproc} GPUs (NCCL)" if self.on_gpu else f"{self.nproc} CPU processes"
         head = (f"{self.script} on {where}, {self.config.epochs} epochs, batch size "
-                f"{self.config.batch_size} per process, seed {self.config.seed}: ")
+                f"{self.config.batch_size} per process, --lr {self.config.lr}, seed "
+                f"{self.config.seed}: ")
         if self.ok:
             return head + f"finished in {self.elapsed_s:.1f} s."
         return head + "could not be graded: " + self.failure
@@ -203,10 +238,9 @@ def launch(script, config=Config(), nproc=None):
     run.out_dir = (RUN_DIR / "out").resolve()
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", str(Path(__file__).resolve()), "record",
-        str(evidence_dir), str(run.out_dir), str(script),
-        "--epochs", str(config.epochs), "--batch-size", str(config.batch_size),
-        "--seed", str(config.seed), "--out", str(run.out_dir),
+        f"--nproc-per-node={nproc}", str(RECORDER), str(evidence_dir), str(run.out_dir),
+        str(script), "--epochs", str(config.epochs), "--batch-size", str(config.batch_size),
+        "--lr", str(config.lr), "--seed", str(config.seed), "--out", str(run.out_dir),
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            # Spinning OpenMP threads on shared cores slow CPU ranks down many times over.
@@ -240,7 +274,7 @@ def launch(script, config=Config(), nproc=None):
 
 
 # --------------------------------------------------------------------------------------
-# Kernel side: one check per requirement.
+# One check per requirement, named after its test cell's grade id.
 # --------------------------------------------------------------------------------------
 
 def _require(run):
@@ -250,13 +284,37 @@ def _require(run):
         raise RequirementNotMet(run.failure)
 
 
+def _require_model(run):
+    _require(run)
+    for rank, record in enumerate(run.ranks):
+        if not record["model"]["found"]:
+            raise RequirementNotMet(f"rank {rank}: {record['model']['problem']}")
+
+
 def _passed(message):
     print(f"PASS: {message}")
 
 
+def check_runs_and_reaches_target_accuracy(run):
+    """The job finishes in time on every rank, and rank 0's final model reaches the
+    target accuracy on the whole validation set."""
+    _require_model(run)
+    evaluation = run.ranks[0]["val_eval"]
+    if "error" in evaluation:
+        raise RequirementNotMet(f"rank 0: {evaluation['error']}")
+    acc = sum(evaluation["correct"]) / len(evaluation["correct"])
+    target = run.config.target_accuracy
+    if acc < target:
+        raise RequirementNotMet(
+            f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
+            f"validation set correctly; the target is {target:.0%}.")
+    _passed(f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
+            f"validation set correctly (target {target:.0%}), in {run.elapsed_s:.0f} s.")
+
+
 def _train_passes(run):
-    """``[rank][epoch] -> list of training-set indices`` in the order each rank drew them."""
-    passes = [[p["indices"] for p in record["passes"] if p["split"] == "train"]
+    """``[rank][epoch] -> list of batches``, each the training-set indices of one batch."""
+    passes = [[p["batches"] for p in record["passes"] if p["split"] == "train"]
               for record in run.ranks]
     epochs = run.config.epochs
     for rank, rank_passes in enumerate(passes):
@@ -268,37 +326,54 @@ def _train_passes(run):
     return passes
 
 
+def _samples(batches):
+    return [i for batch in batches for i in batch]
+
+
+def _droppable(batches):
+    """How many samples a pass may have left out of a last, incomplete batch: none if its
+    last batch is smaller than the others (nothing was dropped); otherwise up to one batch
+    less one (DataLoader(drop_last=True))."""
+    if not batches:
+        return 0
+    size = max(len(batch) for batch in batches)
+    return size - 1 if all(len(batch) == size for batch in batches) else 0
+
+
 def check_shards_disjoint_and_cover(run):
     """In every epoch the ranks train on disjoint shards that together cover the data.
 
-    DistributedSampler may repeat up to world_size - 1 samples to make the shards equal
-    (or drop as many with drop_last=True); that much overlap or shortfall is allowed.
+    DistributedSampler may repeat up to world_size - 1 samples to make the shards equal,
+    or leave out as many (drop_last=True); a DataLoader with drop_last=True leaves out each
+    rank's last incomplete batch. That much overlap, or shortfall, is allowed.
     """
     _require(run)
     passes = _train_passes(run)
     n_train = run.ranks[0]["n_train"]
-    slack = run.nproc - 1
+    sampler_slack = run.nproc - 1
     for epoch in range(run.config.epochs):
-        drawn = [passes[rank][epoch] for rank in range(run.nproc)]
+        drawn = [_samples(passes[rank][epoch]) for rank in range(run.nproc)]
         total = sum(len(d) for d in drawn)
         covered = set().union(*map(set, drawn))
         repeats = total - len(covered)
-        if repeats > slack:
+        if repeats > sampler_slack:
             sizes = " and ".join(str(len(d)) for d in drawn)
             raise RequirementNotMet(
                 f"in epoch {epoch + 1} the ranks drew {sizes} training samples, "
                 f"{repeats} of them drawn more than once: the ranks train on overlapping "
                 f"data. Give each rank its own shard (DistributedSampler).")
-        if len(covered) < n_train - slack:
+        allowed = sampler_slack + sum(_droppable(passes[rank][epoch])
+                                      for rank in range(run.nproc))
+        if len(covered) < n_train - allowed:
             raise RequirementNotMet(
                 f"in epoch {epoch + 1} {n_train - len(covered)} of the {n_train:,} training "
-                f"samples went to no rank: together the shards must cover the training "
-                f"set.")
+                f"samples went to no rank (at most {allowed} may be left out by drop_last): "
+                f"together the shards must cover the training set.")
     _passed(f"in each of the {run.config.epochs} epochs the {run.nproc} ranks trained on "
-            f"disjoint shards that cover all {n_train:,} training samples.")
+            f"disjoint shards that cover the {n_train:,} training samples.")
 
 
-def check_shards_reshuffled(run):
+def check_shards_reshuffled_each_epoch(run):
     """Each rank's samples come in a different order (or from a different shard) in
     every epoch."""
     _require(run)
@@ -307,11 +382,11 @@ def check_shards_reshuffled(run):
         raise RequirementNotMet("this check needs a run of two epochs or more.")
     for rank, rank_passes in enumerate(passes):
         for epoch in range(1, len(rank_passes)):
-            if rank_passes[epoch] == rank_passes[epoch - 1]:
+            if _samples(rank_passes[epoch]) == _samples(rank_passes[epoch - 1]):
                 raise RequirementNotMet(
                     f"rank {rank} drew the same samples in the same order in epochs "
                     f"{epoch} and {epoch + 1}. DistributedSampler shuffles by epoch "
-                    f"number: call train_sampler.set_epoch(epoch) before each epoch.")
+                    f"number: call set_epoch(epoch) on it before each epoch.")
     _passed(f"every rank drew its samples in a new order in each of the "
             f"{run.config.epochs} epochs.")
 
@@ -320,22 +395,46 @@ def _params(record):
     return array("f", base64.b64decode(record["model"]["params_b64"]))
 
 
-def _model_found(run):
-    for rank, record in enumerate(run.ranks):
-        if not record["model"]["found"]:
-            raise RequirementNotMet(f"rank {rank}: {record['model']['problem']}")
+def _replay_verdict(run, replay):
+    """The mistake the replay shows, as a reason; None when the first steps are right."""
+    steps, ranks = replay["steps"], replay["ranks"]
+    moved = [r for r, result in enumerate(ranks) if result["start"] > START_RTOL]
+    if moved:
+        return (f"the ranks started training from different parameters (rank {moved[0]}'s "
+                f"differ from rank 0's by {ranks[moved[0]]['start']:.2g} of their size): "
+                f"start every rank from rank 0's parameters (DistributedDataParallel "
+                f"broadcasts them when it wraps the model).")
+    if all(result["averaged"] <= REPLAY_RTOL for result in ranks):
+        return None
+    if all(result["summed"] <= REPLAY_RTOL for result in ranks):
+        return (f"after {steps} steps the ranks' parameters equal a replay in which the "
+                f"ranks' gradients are summed, not averaged: divide the all-reduced "
+                f"gradients by the world size (DistributedDataParallel averages them).")
+    if all(result["local"] <= REPLAY_RTOL for result in ranks):
+        return (f"after {steps} steps each rank's parameters equal a replay of its own "
+                f"batches alone: each rank stepped on its own gradients. Average the "
+                f"gradients over the ranks at every step (DistributedDataParallel does it "
+                f"in backward()); averaging the parameters now and then is not the same.")
+    worst = max(range(len(ranks)), key=lambda r: ranks[r]["averaged"])
+    return (f"after {steps} steps rank {worst}'s parameters differ from a single-process "
+            f"replay of the same global batches by {ranks[worst]['averaged']:.2g} of the "
+            f"update (at most {REPLAY_RTOL} allowed). The replay trains on each step's "
+            f"batches of all ranks with F.cross_entropy (mean) and your optimizer: one "
+            f"optimizer step per batch, and no dropout.")
 
 
-def check_parameters_identical(run):
-    """After training, every rank holds the same parameters as rank 0."""
-    _require(run)
-    _model_found(run)
-    for rank, record in enumerate(run.ranks):
-        if record["process_group_size"] != run.nproc:
-            raise RequirementNotMet(
-                f"rank {rank} trained outside a process group of all {run.nproc} ranks "
-                f"(dist.init_process_group was not called before training): nothing kept "
-                f"the ranks' models in step.")
+def check_gradients_averaged_over_ranks(run):
+    """Every rank's parameters after the first optimizer steps equal a single-process
+    replay of those steps on the global batch (all ranks' batches of each step), and all
+    ranks hold identical parameters at the end."""
+    _require_model(run)
+    replay = run.ranks[0].get("replay") or {"problem": "rank 0 recorded no replay."}
+    if "problem" in replay:
+        raise RequirementNotMet(f"the first training steps could not be checked: "
+                                f"{replay['problem']}")
+    reason = _replay_verdict(run, replay)
+    if reason:
+        raise RequirementNotMet(reason)
     reference = _params(run.ranks[0])
     for rank, record in enumerate(run.ranks[1:], start=1):
         params = _params(record)
@@ -343,15 +442,29 @@ def check_parameters_identical(run):
             raise RequirementNotMet(f"rank {rank}'s model has a different size from "
                                     f"rank 0's.")
         worst = max(abs(a - b) / (1 + abs(b)) for a, b in zip(params, reference, strict=True))
-        if worst > PARAM_ATOL:
+        if worst > PARAM_RTOL:
             raise RequirementNotMet(
-                f"after training, rank {rank}'s parameters differ from rank 0's (by up to "
-                f"{worst:.3g}): the gradients were not averaged over the ranks. Wrap the "
-                f"model in DistributedDataParallel.")
-    _passed(f"the {run.nproc} ranks hold identical parameters after training.")
+                f"the first {replay['steps']} steps match a single-process replay, but "
+                f"after training rank {rank}'s parameters differ from rank 0's (by up to "
+                f"{worst:.3g}): average the gradients over the ranks at every step.")
+    error = max(result["averaged"] for result in replay["ranks"])
+    _passed(f"for the first {replay['steps']} steps every rank's parameters equal a "
+            f"single-process replay on the global batch (within {error:.1g} of the update), "
+            f"and the {run.nproc} ranks hold identical parameters after training.")
 
 
-def check_rank0_only_writes(run):
+def _under(path, folder):
+    return folder is not None and Path(path).is_relative_to(folder)
+
+
+def _short(path, run):
+    for base in (run.out_dir.parent, Path.cwd()):
+        if Path(path).is_relative_to(base):
+            return str(Path(path).relative_to(base))
+    return path
+
+
+def check_rank0_only_logs_and_writes(run):
     """Rank 0, and only rank 0, prints the per-epoch table and writes files."""
     _require(run)
     for rank, record in enumerate(run.ranks[1:], start=1):
@@ -376,11 +489,10 @@ def check_rank0_only_writes(run):
     _passed("only rank 0 printed the table and wrote log.jsonl and checkpoint.pt.")
 
 
-def check_checkpoint_loads(run):
+def check_checkpoint_loads_into_plain_model(run):
     """What rank 0 saved last loads into the plain model (no DDP) and holds the trained
     parameters."""
-    _require(run)
-    _model_found(run)
+    _require_model(run)
     checkpoint = run.ranks[0]["checkpoint"]
     if not checkpoint["saved"]:
         raise RequirementNotMet("rank 0 saved nothing with torch.save in the --out folder.")
@@ -401,7 +513,7 @@ def _expected_metrics(run):
     such pass on any rank, rank 0's model on the whole validation set."""
     loss_sum = correct = count = 0
     for record in run.ranks:
-        shard = [p["indices"] for p in record["passes"] if p["split"] == "val"]
+        shard = [_samples(p["batches"]) for p in record["passes"] if p["split"] == "val"]
         if shard:
             losses, hits = record["val_eval"]["loss"], record["val_eval"]["correct"]
             loss_sum += sum(losses[i] for i in shard[-1])
@@ -427,11 +539,10 @@ def _reported_metrics(run):
                                 "val_loss and val_acc.") from None
 
 
-def check_metrics_global(run):
+def check_validation_metrics_are_global(run):
     """The validation loss and accuracy in the log are over the whole validation set
     (every rank's share), not one rank's."""
-    _require(run)
-    _model_found(run)
+    _require_model(run)
     for rank, record in enumerate(run.ranks):
         if "error" in record["val_eval"]:
             raise RequirementNotMet(f"rank {rank}: {record['val_eval']['error']}")
@@ -448,359 +559,54 @@ def check_metrics_global(run):
             f"val_acc {acc:.4f}).")
 
 
-def check_target_accuracy(run):
-    """The job finishes in time on every rank, and rank 0's final model reaches the
-    target accuracy on the whole validation set."""
+def scaled_learning_rates(lr, world_size):
+    """``{rule: learning rate}``: ``lr``, tuned for one process's batch, scaled to a global
+    batch world_size times as large (notebook 03)."""
+    return {"linear": lr * world_size, "square-root": lr * math.sqrt(world_size)}
+
+
+def check_learning_rate_follows_global_batch(run):
+    """The learning rate the optimizer uses (its peak over the run, so warmup is allowed)
+    is --lr scaled from one process's batch to the global batch, by the linear or the
+    square-root rule."""
     _require(run)
-    _model_found(run)
-    evaluation = run.ranks[0]["val_eval"]
-    if "error" in evaluation:
-        raise RequirementNotMet(f"rank 0: {evaluation['error']}")
-    acc = sum(evaluation["correct"]) / len(evaluation["correct"])
-    target = run.config.target_accuracy
-    if acc < target:
-        raise RequirementNotMet(
-            f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
-            f"validation set correctly; the target is {target:.0%}.")
-    _passed(f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
-            f"validation set correctly (target {target:.0%}), in {run.elapsed_s:.0f} s.")
+    base, world = run.config.lr, run.nproc
+    allowed = scaled_learning_rates(base, world)
+    for rank, record in enumerate(run.ranks):
+        if not record["lrs"]:
+            raise RequirementNotMet(f"rank {rank} made no optimizer step.")
+        peak = max(record["lrs"])
+        if not any(math.isclose(peak, lr, rel_tol=LR_RTOL) for lr in allowed.values()):
+            rules = " or ".join(f"{lr:.4g} ({rule})" for rule, lr in allowed.items())
+            raise RequirementNotMet(
+                f"rank {rank}'s optimizer trained with a learning rate of at most "
+                f"{peak:.4g}; the global batch is {world} x --batch-size, so scale --lr "
+                f"{base:g} by the world size: {rules}.")
+    rule = next(rule for rule, lr in allowed.items()
+                if math.isclose(max(run.ranks[0]["lrs"]), lr, rel_tol=LR_RTOL))
+    _passed(f"the learning rate peaks at {max(run.ranks[0]['lrs']):.4g}: --lr {base:g} "
+            f"scaled to a global batch {world} times as large ({rule} rule).")
 
 
-def _under(path, folder):
-    return folder is not None and Path(path).is_relative_to(folder)
+CHECKS = {grade_id: globals()[f"check_{grade_id}"] for grade_id in REQUIREMENTS}
 
 
-def _short(path, run):
-    for base in (run.out_dir.parent, Path.cwd()):
-        if Path(path).is_relative_to(base):
-            return str(Path(path).relative_to(base))
-    return path
-
-
-# --------------------------------------------------------------------------------------
-# Rank side: run the script in this process and record what it does.
-# --------------------------------------------------------------------------------------
-
-class _Tee:
-    """sys.stdout that also keeps the lines written, for the record."""
-
-    def __init__(self, stream, lines):
-        self._stream, self._lines, self._partial = stream, lines, ""
-
-    def write(self, text):
-        self._stream.write(text)
-        *complete, self._partial = (self._partial + text).split("\n")
-        self._lines.extend(complete)
-        return len(text)
-
-    def flush(self):
-        self._stream.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-class _Recorder:
-    def __init__(self, rank, evidence_dir, out_dir, script):
-        self.rank, self.evidence_dir, self.script = rank, evidence_dir, Path(script)
-        self.out_dir = Path(out_dir)
-        self.recording = True
-        self.passes = []  # {"split", "indices"} per DataLoader iteration, in order
-        self.datasets = {}  # id -> "train" / "val"
-        self.train_set = self.val_set = None
-        self.modules = {}  # every module called, by id: the model is among them
-        self.optimizers = []
-        self.process_group_size = None  # at the first optimizer step
-        self.saves = []  # (path, bytes) of each torch.save to a file
-        self.writes = []
-        self.stdout = []
-        self.error = None
-        self._module_hook = self._step_hook = None
-
-    # -- what the script calls -----------------------------------------------------------
-
-    def install(self):
-        import builtins
-        import io
-
-        import torch
-        import torch.distributed as dist
-        from torch.nn.modules.module import register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-        from torch.utils.data import Subset, dataloader
-
-        recorder = self
-        sys.path.insert(0, str(self.script.resolve().parent))
-        import digits_data
-
-        load_data = digits_data.load_data
-
-        def recorded_load_data(*args, **kwargs):
-            train_set, val_set = load_data(*args, **kwargs)
-            recorder.train_set, recorder.val_set = train_set, val_set
-            recorder.datasets = {id(train_set): "train", id(val_set): "val"}
-            return train_set, val_set
-
-        digits_data.load_data = recorded_load_data
-
-        base = dataloader._BaseDataLoaderIter
-        base_init, base_reset, base_next_index = base.__init__, base._reset, base._next_index
-
-        def new_pass(iterator, dataset):
-            chain = []  # Subset index lists, outermost first
-            while isinstance(dataset, Subset):
-                chain.append(dataset.indices)
-                dataset = dataset.dataset
-            iterator._ddp_checks_pass = None
-            split = recorder.datasets.get(id(dataset))
-            if split and recorder.recording:
-                iterator._ddp_checks_pass = ({"split": split, "indices": []}, chain)
-                recorder.passes.append(iterator._ddp_checks_pass[0])
-
-        def init(iterator, loader, *args, **kwargs):
-            # Before the original: a multi-worker iterator prefetches indices in __init__.
-            new_pass(iterator, loader.dataset)
-            base_init(iterator, loader, *args, **kwargs)
-
-        def reset(iterator, loader, first_iter=False):
-            if not first_iter:  # persistent workers: a new epoch on the same iterator
-                new_pass(iterator, loader.dataset)
-            return base_reset(iterator, loader, first_iter=first_iter)
-
-        def next_index(iterator):
-            index = base_next_index(iterator)
-            current = getattr(iterator, "_ddp_checks_pass", None)
-            if current:
-                record, chain = current
-                batch = index.tolist() if hasattr(index, "tolist") else index
-                for i in (batch if isinstance(batch, (list, tuple)) else [batch]):
-                    i = int(i)
-                    for indices in chain:
-                        i = int(indices[i])
-                    record["indices"].append(i)
-            return index
-
-        base.__init__, base._reset, base._next_index = init, reset, next_index
-
-        def seen(module, inputs):
-            recorder.modules.setdefault(id(module), module)
-
-        self._module_hook = register_module_forward_pre_hook(seen)
-
-        optimizer_init = torch.optim.Optimizer.__init__
-
-        def recorded_optimizer_init(optimizer, *args, **kwargs):
-            optimizer_init(optimizer, *args, **kwargs)
-            recorder.optimizers.append(optimizer)
-
-        torch.optim.Optimizer.__init__ = recorded_optimizer_init
-
-        def first_step(optimizer, args, kwargs):
-            if recorder.process_group_size is None:
-                recorder.process_group_size = (dist.get_world_size() if dist.is_available()
-                                               and dist.is_initialized() else 1)
-
-        self._step_hook = register_optimizer_step_pre_hook(first_step)
-
-        save = torch.save
-
-        def recorded_save(obj, f, *args, **kwargs):
-            result = save(obj, f, *args, **kwargs)
-            if recorder.recording and isinstance(f, (str, os.PathLike)):
-                # torch.save opens files in C++, past the open() recorded below.
-                recorder.writes.append(os.path.abspath(f))
-                # A copy of what this rank wrote: the file itself may be overwritten by
-                # another rank before the check reads it.
-                buffer = io.BytesIO()
-                save(obj, buffer)
-                recorder.saves.append((os.path.abspath(f), buffer.getvalue()))
-                recorder.saves = recorder.saves[-4:]
-            return result
-
-        torch.save = recorded_save
-
-        original_open = builtins.open
-
-        def recorded_open(file, mode="r", *args, **kwargs):
-            if (recorder.recording and isinstance(file, (str, bytes, os.PathLike))
-                    and any(flag in mode for flag in "wax+")):
-                path = os.path.abspath(os.fsdecode(file))
-                if not path.startswith(("/dev/", "/proc/", "/sys/")):
-                    recorder.writes.append(path)
-            return original_open(file, mode, *args, **kwargs)
-
-        builtins.open = io.open = recorded_open
-        sys.stdout = _Tee(sys.stdout, self.stdout)
-
-    def run(self, script_args):
-        import runpy
-        import traceback
-
-        sys.argv = [str(self.script), *script_args]
+def report(run):
+    """Print each requirement's verdict, the points and whether they reach the pass mark;
+    return ``(points, passed)``."""
+    met, lines = set(), []
+    for grade_id, points in REQUIREMENTS.items():
         try:
-            runpy.run_path(str(self.script), run_name="__main__")
-        except SystemExit as stop:
-            if stop.code not in (None, 0):
-                self.error = {"type": "SystemExit", "message": f"exit status {stop.code}",
-                              "where": "sys.exit"}
-        except BaseException as error:  # noqa: B036 - a KeyboardInterrupt is a failure too
-            traceback.print_exc()
-            self.error = self._describe(error)
-        finally:
-            self.recording = False
-            self._module_hook.remove()
-            self._step_hook.remove()
-            sys.stdout.flush()
-
-    def _describe(self, error):
-        import traceback
-
-        frames = traceback.extract_tb(error.__traceback__)
-        mine = [f for f in frames if Path(f.filename).name == self.script.name]
-        frame = (mine or frames or [None])[-1]
-        where = (f"{Path(frame.filename).name} line {frame.lineno}, in {frame.name}: "
-                 f"{(frame.line or '').strip()}") if frame else "unknown place"
-        message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
-        return {"type": type(error).__name__, "message": message,
-                "where": where}
-
-    # -- the record ----------------------------------------------------------------------
-
-    def find_model(self):
-        """The module the script trains: called in forward passes, its parameters in an
-        optimizer, and not part of a larger such module. DDP wrappers are skipped (their
-        .module is the model)."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        candidates = [m for m in self.modules.values()
-                      if not isinstance(m, DistributedDataParallel)]
-        inner = {id(sub) for m in candidates for sub in m.modules() if sub is not m}
-        trained = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
-        roots = [m for m in candidates if id(m) not in inner
-                 and any(id(p) in trained for p in m.parameters())]
-        if not roots:
-            return None, ("found no model that is both called in training and updated by "
-                          "an optimizer.")
-        return max(roots, key=lambda m: sum(p.numel() for p in m.parameters())), None
-
-    def evaluate(self, model):
-        """Loss and correctness of every validation sample under this rank's model."""
-        import torch
-        import torch.nn.functional as F
-
-        if self.val_set is None:
-            return {"error": "load_data() was not called."}
-        x, y = self.val_set.tensors
-        device = next(model.parameters()).device
-        model.eval()
-        losses, correct = [], []
-        try:
-            with torch.no_grad():
-                for start in range(0, len(y), 512):
-                    logits = model(x[start:start + 512].to(device)).float()
-                    target = y[start:start + 512].to(device)
-                    losses += F.cross_entropy(logits, target, reduction="none").tolist()
-                    correct += (logits.argmax(dim=1) == target).int().tolist()
-        except Exception as error:
-            return {"error": f"the model does not accept a batch of validation samples "
-                             f"({type(error).__name__}: {error})."}
-        return {"loss": losses, "correct": correct}
-
-    def check_checkpoint(self, model):
-        import copy
-        import io
-
-        import torch
-
-        saves = [data for path, data in self.saves if Path(path).is_relative_to(self.out_dir)]
-        if not saves:
-            return {"saved": False}
-        result = {"saved": True, "loads": False, "matches_final": False, "problem": ""}
-        try:
-            saved = torch.load(io.BytesIO(saves[-1]), map_location="cpu", weights_only=False)
-        except Exception as error:
-            result["problem"] = f"torch.load fails ({type(error).__name__}: {error})."
-            return result
-        state = None
-        if isinstance(saved, dict):
-            state = next((saved[k] for k in ("model", "model_state_dict", "state_dict")
-                          if isinstance(saved.get(k), dict)), None)
-            if state is None and saved and all(isinstance(v, torch.Tensor)
-                                               for v in saved.values()):
-                state = saved
-        if state is None:
-            result["problem"] = ("it holds no state dict (expected a dict with the model's "
-                                 "state_dict under 'model').")
-            return result
-        plain = copy.deepcopy(model).cpu()
-        try:
-            plain.load_state_dict(state)
-        except Exception as error:
-            first = str(error).strip().splitlines()
-            result["problem"] = " ".join(line.strip() for line in first[:3])[:400]
-            return result
-        result["loads"] = True
-        final = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        result["matches_final"] = all(torch.equal(final[k], v.detach().cpu())
-                                      for k, v in plain.state_dict().items())
-        return result
-
-    def record(self):
-        import torch
-
-        record = {
-            "rank": self.rank,
-            "error": self.error,
-            "data_loaded": self.train_set is not None,
-            "n_train": len(self.train_set) if self.train_set is not None else 0,
-            "passes": self.passes,
-            "process_group_size": self.process_group_size,
-            "writes": sorted(set(self.writes)),
-            "metric_lines": [line for line in self.stdout if METRIC_LINE.search(line)][:20],
-            "stdout": self.stdout[-50:],
-            "model": {"found": False},
-            "val_eval": {"error": "no model was found."},
-            "checkpoint": {"saved": False},
-        }
-        model, problem = self.find_model()
-        if model is None:
-            record["model"]["problem"] = problem
-            return record
-        state = model.state_dict()
-        flat = torch.cat([state[k].detach().float().cpu().flatten() for k in sorted(state)])
-        record["model"] = {"found": True, "params_b64": base64.b64encode(
-            flat.numpy().astype("float32").tobytes()).decode()}
-        record["val_eval"] = self.evaluate(model)
-        record["checkpoint"] = self.check_checkpoint(model)
-        return record
-
-
-def _record_main(evidence_dir, out_dir, script, *script_args):
-    rank = int(os.environ.get("RANK", 0))
-    evidence_dir = Path(evidence_dir)
-    # First of all: the launcher kills this pid's group if the job outlives its time.
-    (evidence_dir / f"pid.{rank}").write_text(str(os.getpid()))
-    write = open  # before install() replaces it
-    recorder = _Recorder(rank, evidence_dir, out_dir, script)
-    try:
-        recorder.install()
-    except Exception as error:  # e.g. digits_data.py is missing
-        recorder.error = recorder._describe(error)
-    else:
-        recorder.run(script_args)
-    try:
-        record = recorder.record()
-    except Exception as error:  # the record must be written whatever the script did
-        record = {"rank": rank, "data_loaded": recorder.train_set is not None,
-                  "error": recorder.error or {
-                      "type": type(error).__name__, "where": "ddp_checks",
-                      "message": f"the grader could not inspect the model: {error}"}}
-    partial = evidence_dir / f"rank{rank}.json.part"
-    with write(partial, "w") as f:
-        json.dump(record, f)
-    os.replace(partial, evidence_dir / f"rank{rank}.json")
-    return 1 if recorder.error else 0
-
-
-if __name__ == "__main__" and len(sys.argv) > 4 and sys.argv[1] == "record":
-    sys.exit(_record_main(*sys.argv[2:]))
+            with contextlib.redirect_stdout(io.StringIO()):
+                CHECKS[grade_id](run)
+        except RequirementNotMet:
+            lines.append(f"  not met  {grade_id} (0 of {points})")
+        else:
+            met.add(grade_id)
+            lines.append(f"  met      {grade_id} ({points} of {points})")
+    points = sum(REQUIREMENTS[grade_id] for grade_id in met)
+    passed = passes(met)
+    print("\n".join(lines))
+    print(f"Total: {points} of {sum(REQUIREMENTS.values())} points. Pass mark: "
+          f"{pass_rule()}. Result: {'PASSED' if passed else 'NOT PASSED'}.")
+    return points, passed

@@ -1,0 +1,633 @@
+"""The grader inside every rank: run the learner's script unchanged and record what it does.
+
+``ddp_checks.launch`` makes this file every process's entry point:
+
+    torchrun ... ddp_recorder.py EVIDENCE_DIR OUT_DIR SCRIPT [the script's flags]
+
+Each patcher below records one thing and returns the function that undoes it:
+
+- ``digits_data.load_data``: which datasets are the training and the validation set;
+- three private methods of torch's DataLoader iterators: the sample indices of every batch
+  that a DataLoader over those sets hands out (pinned by the assessment's fast tests at the
+  torch version in use);
+- a global forward pre-hook: the modules called, the model among them;
+- ``torch.optim.Optimizer.__init__``: the optimizers created;
+- global optimizer step hooks: the learning rate of every step; at the first step the
+  model, its parameters and the optimizer's state, and after ``REPLAY_STEPS`` steps the
+  parameters again;
+- ``torch.save`` and ``open``: the files written, and what was saved in ``OUT_DIR``;
+- ``sys.stdout``: the lines printed.
+
+When the script returns, rank 0 replays the first ``REPLAY_STEPS`` steps in one process
+(``replay_first_steps``), and each rank writes its record, ``rank<RANK>.json``, into
+EVIDENCE_DIR. The ``check_*`` functions of ``ddp_checks`` judge the requirements from the
+records of all ranks.
+
+Your copy of this file is replaced by the instructor's when your work is graded.
+"""
+import base64
+import copy
+import io
+import json
+import os
+import re
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+# torch is imported inside the functions that use it: importing it takes seconds, and
+# main() first writes the pid file by which the launcher stops a job that runs too long.
+
+REPLAY_STEPS = 3  # the first optimizer steps replayed in one process
+PEER_WAIT_S = 30  # how long rank 0 waits for another rank's record of its first steps
+METRIC_LINE = re.compile(r"val_(acc|loss)")  # a line of the per-epoch table
+KEPT_SAVES = 4  # the last torch.save calls into OUT_DIR kept, for the checkpoint check
+
+
+def steps_file(evidence_dir, rank):
+    return Path(evidence_dir) / f"steps.rank{rank}.pt"
+
+
+def record_file(evidence_dir, rank):
+    return Path(evidence_dir) / f"rank{rank}.json"
+
+
+# --------------------------------------------------------------------------------------
+# Patchers: each records one thing for the recorder and returns the function undoing it.
+# --------------------------------------------------------------------------------------
+
+def patch_load_data(recorder):
+    """Remember the datasets load_data() returns: the training and the validation set."""
+    import digits_data
+
+    original = digits_data.load_data
+
+    def load_data(*args, **kwargs):
+        train_set, val_set = original(*args, **kwargs)
+        recorder.train_set, recorder.val_set = train_set, val_set
+        recorder.splits = {id(train_set): "train", id(val_set): "val"}
+        return train_set, val_set
+
+    digits_data.load_data = load_data
+    return lambda: setattr(digits_data, "load_data", original)
+
+
+def _dataset_indices(dataset):
+    """``(base dataset, function from an index into dataset to an index into base)``,
+    through any Subsets on top."""
+    from torch.utils.data import Subset
+
+    chain = []  # the Subsets' index lists, outermost first
+    while isinstance(dataset, Subset):
+        chain.append(dataset.indices)
+        dataset = dataset.dataset
+
+    def resolve(i):
+        i = int(i)
+        for indices in chain:
+            i = int(indices[i])
+        return i
+
+    return dataset, resolve
+
+
+def patch_dataloader_iterators(recorder):
+    """Record the sample indices of each batch of every pass over the training or the
+    validation set. A pass starts when an iterator is made (``__init__``) or restarted by
+    a persistent-worker loader (``_reset``); ``_next_index`` returns one batch's indices."""
+    from torch.utils.data import dataloader
+
+    base = dataloader._BaseDataLoaderIter
+    originals = base.__init__, base._reset, base._next_index
+    original_init, original_reset, original_next_index = originals
+
+    def start_pass(iterator, dataset):
+        iterator._ddp_recorder_pass = None
+        dataset, resolve = _dataset_indices(dataset)
+        split = recorder.splits.get(id(dataset))
+        if split and recorder.recording:
+            batches = []
+            recorder.passes.append({"split": split, "batches": batches})
+            iterator._ddp_recorder_pass = (batches, resolve)
+
+    def __init__(iterator, loader, *args, **kwargs):
+        # Before the original: a multi-worker iterator draws indices in __init__.
+        start_pass(iterator, loader.dataset)
+        original_init(iterator, loader, *args, **kwargs)
+
+    def _reset(iterator, loader, first_iter=False):
+        if not first_iter:
+            start_pass(iterator, loader.dataset)
+        return original_reset(iterator, loader, first_iter=first_iter)
+
+    def _next_index(iterator):
+        index = original_next_index(iterator)
+        current = getattr(iterator, "_ddp_recorder_pass", None)
+        if current:
+            batches, resolve = current
+            batch = index.tolist() if hasattr(index, "tolist") else index
+            batches.append([resolve(i) for i in (batch if isinstance(batch, (list, tuple))
+                                                 else [batch])])
+        return index
+
+    base.__init__, base._reset, base._next_index = __init__, _reset, _next_index
+
+    def undo():
+        base.__init__, base._reset, base._next_index = originals
+
+    return undo
+
+
+def hook_module_calls(recorder):
+    """Every module called in a forward pass: the model is one of them."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    def seen(module, inputs):
+        recorder.modules.setdefault(id(module), module)
+
+    return register_module_forward_pre_hook(seen).remove
+
+
+def patch_optimizer_init(recorder):
+    """Every optimizer created."""
+    import torch
+
+    original = torch.optim.Optimizer.__init__
+
+    def __init__(optimizer, *args, **kwargs):
+        original(optimizer, *args, **kwargs)
+        recorder.optimizers.append(optimizer)
+
+    torch.optim.Optimizer.__init__ = __init__
+    return lambda: setattr(torch.optim.Optimizer, "__init__", original)
+
+
+def hook_optimizer_steps(recorder):
+    """The optimizer that steps first is the one that trains the model: its learning rate
+    at every step, its state at the first step and the parameters after REPLAY_STEPS."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    def before(optimizer, args, kwargs):
+        if recorder.optimizer is None:
+            recorder.start_first_steps(optimizer)
+        if optimizer is recorder.optimizer:
+            recorder.lrs.append([float(group["lr"]) for group in optimizer.param_groups])
+
+    def after(optimizer, args, kwargs):
+        if optimizer is recorder.optimizer:
+            recorder.steps += 1
+            if recorder.steps == REPLAY_STEPS:
+                recorder.save_first_steps()
+
+    handles = [register_optimizer_step_pre_hook(before),
+               register_optimizer_step_post_hook(after)]
+    return lambda: [handle.remove() for handle in handles]
+
+
+def patch_torch_save(recorder):
+    """Files written by torch.save (it opens them in C++, past the open() recorded below),
+    and a copy of what was saved in OUT_DIR: another rank may overwrite the file itself."""
+    import torch
+
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        result = original(obj, f, *args, **kwargs)
+        if recorder.recording and isinstance(f, (str, os.PathLike)):
+            path = os.path.abspath(f)
+            recorder.writes.append(path)
+            if Path(path).is_relative_to(recorder.out_dir):
+                buffer = io.BytesIO()
+                original(obj, buffer)
+                recorder.saves = [*recorder.saves, buffer.getvalue()][-KEPT_SAVES:]
+        return result
+
+    torch.save = save
+    return lambda: setattr(torch, "save", original)
+
+
+def patch_open(recorder):
+    """Files opened for writing."""
+    import builtins
+
+    original = builtins.open
+
+    def recorded_open(file, mode="r", *args, **kwargs):
+        if (recorder.recording and isinstance(file, (str, bytes, os.PathLike))
+                and any(flag in mode for flag in "wax+")):
+            path = os.path.abspath(os.fsdecode(file))
+            if not path.startswith(("/dev/", "/proc/", "/sys/")):
+                recorder.writes.append(path)
+        return original(file, mode, *args, **kwargs)
+
+    builtins.open = io.open = recorded_open
+
+    def undo():
+        builtins.open = io.open = original
+
+    return undo
+
+
+class _Tee:
+    """sys.stdout that also keeps the lines written."""
+
+    def __init__(self, stream, lines):
+        self._stream, self._lines, self._partial = stream, lines, ""
+
+    def write(self, text):
+        self._stream.write(text)
+        *complete, self._partial = (self._partial + text).split("\n")
+        self._lines.extend(complete)
+        return len(text)
+
+    def flush(self):
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def tee_stdout(recorder):
+    """The lines the script prints."""
+    original = sys.stdout
+    sys.stdout = _Tee(original, recorder.stdout)
+
+    def undo():
+        sys.stdout.flush()
+        sys.stdout = original
+
+    return undo
+
+
+PATCHERS = (patch_load_data, patch_dataloader_iterators, hook_module_calls,
+            patch_optimizer_init, hook_optimizer_steps, patch_torch_save, patch_open,
+            tee_stdout)
+
+
+# --------------------------------------------------------------------------------------
+# The recorder: what one rank did.
+# --------------------------------------------------------------------------------------
+
+def _cpu_state(module):
+    return {name: value.detach().to("cpu", copy=True) for name, value
+            in module.state_dict().items()}
+
+
+class Recorder:
+    def __init__(self, rank, world_size, evidence_dir, out_dir, script):
+        import torch
+
+        self.rank, self.world_size = rank, world_size
+        self.evidence_dir, self.out_dir = Path(evidence_dir), Path(out_dir).resolve()
+        self.script = Path(script)
+        self._save = torch.save  # the original: records are not the script's writes
+        self.recording = True
+        self.splits = {}  # id(dataset) -> "train" / "val"
+        self.train_set = self.val_set = None
+        self.passes = []  # {"split", "batches"} per DataLoader pass, in order
+        self.modules = {}  # every module called, by id: the model is among them
+        self.optimizers = []
+        self.optimizer = None  # the one that steps first
+        self.process_group_size = None  # at the first step
+        self.lrs = []  # each step's learning rate, per parameter group
+        self.steps = 0
+        self.first_steps = None  # what steps_file() holds for the replay
+        self.model = None  # the model found at the first step
+        self.saves = []  # what torch.save wrote into out_dir, last KEPT_SAVES calls
+        self.writes = []
+        self.stdout = []
+        self.error = None
+        self._undo = []
+
+    def install(self):
+        folder = str(self.script.resolve().parent)
+        sys.path.insert(0, folder)  # digits_data, found where the script finds it
+        self._undo.append(lambda: folder in sys.path and sys.path.remove(folder))
+        for patch in PATCHERS:
+            self._undo.append(patch(self))
+
+    def uninstall(self):
+        self.recording = False
+        while self._undo:
+            self._undo.pop()()
+
+    def run(self, script_args):
+        """Run the script as ``python SCRIPT ARGS`` would, recording; never raises."""
+        argv = sys.argv
+        try:
+            self.install()
+            sys.argv = [str(self.script), *script_args]
+            runpy.run_path(str(self.script), run_name="__main__")
+        except SystemExit as stop:
+            if stop.code not in (None, 0):
+                self.error = {"type": "SystemExit", "message": f"exit status {stop.code}",
+                              "where": "sys.exit"}
+        except BaseException as error:  # noqa: B036 - a KeyboardInterrupt is a failure too
+            traceback.print_exc()
+            self.error = self.describe(error)
+        finally:
+            sys.argv = argv
+            self.uninstall()
+            if not steps_file(self.evidence_dir, self.rank).exists():
+                self.save_first_steps()  # fewer steps than REPLAY_STEPS: rank 0 must know
+
+    def describe(self, error):
+        frames = traceback.extract_tb(error.__traceback__)
+        mine = [f for f in frames if Path(f.filename).name == self.script.name]
+        frame = (mine or frames or [None])[-1]
+        where = (f"{Path(frame.filename).name} line {frame.lineno}, in {frame.name}: "
+                 f"{(frame.line or '').strip()}") if frame else "unknown place"
+        message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        return {"type": type(error).__name__, "message": message, "where": where}
+
+    # -- the first steps, for the replay ------------------------------------------------
+
+    def find_model(self):
+        """``(model, problem)``: the module the script trains, called in forward passes,
+        its parameters in an optimizer, and not part of a larger such module. DDP wrappers
+        are skipped (their .module is the model)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        candidates = [m for m in self.modules.values()
+                      if not isinstance(m, DistributedDataParallel)]
+        inner = {id(sub) for m in candidates for sub in m.modules() if sub is not m}
+        trained = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
+        roots = [m for m in candidates if id(m) not in inner
+                 and any(id(p) in trained for p in m.parameters())]
+        if not roots:
+            return None, ("found no model that is both called in training and updated by "
+                          "an optimizer.")
+        return max(roots, key=lambda m: sum(p.numel() for p in m.parameters())), None
+
+    def start_first_steps(self, optimizer):
+        """At the first step: the model, its parameters and the optimizer's state."""
+        import torch.distributed as dist
+
+        self.optimizer = optimizer
+        self.process_group_size = (dist.get_world_size() if dist.is_available()
+                                   and dist.is_initialized() else 1)
+        self.model, problem = self.find_model()
+        if self.model is None:
+            self.first_steps = {"problem": problem}
+            return
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        groups = [[names.get(id(p)) for p in group["params"]]
+                  for group in optimizer.param_groups]
+        if any(name is None for group in groups for name in group):
+            self.first_steps = {"problem": "the optimizer updates tensors that are not "
+                                           "parameters of the model."}
+            return
+        self.first_steps = {"theta_0": _cpu_state(self.model), "param_groups": groups,
+                            "optimizer_state": copy.deepcopy(optimizer.state_dict())}
+
+    def save_first_steps(self):
+        """Write the first steps for rank 0's replay: parameters before and after, each
+        step's batch and learning rates. Atomically: rank 0 reads it as soon as it exists."""
+        first = dict(self.first_steps or {"problem": "the script made no optimizer step."})
+        if "theta_0" in first:
+            train_batches = [b for p in self.passes if p["split"] == "train"
+                             for b in p["batches"]]
+            first.update(steps=self.steps, theta_k=_cpu_state(self.model),
+                         batches=train_batches[:self.steps], lrs=self.lrs[:self.steps])
+        path = steps_file(self.evidence_dir, self.rank)
+        partial = path.with_name(path.name + ".part")
+        self._save(first, partial)
+        os.replace(partial, path)
+
+    # -- rank 0: the replay --------------------------------------------------------------
+
+    def wait_for_first_steps(self):
+        """Every rank's first steps (None for a rank that wrote none in time)."""
+        import torch
+
+        deadline = time.monotonic() + PEER_WAIT_S
+        paths = [steps_file(self.evidence_dir, r) for r in range(self.world_size)]
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [torch.load(p, map_location="cpu", weights_only=False) if p.exists() else None
+                for p in paths]
+
+    def replay_first_steps(self):
+        """Replay the first REPLAY_STEPS steps in this process, on the CPU in float32, from
+        rank 0's parameters and optimizer state, each step on the ranks' batches of that
+        step: averaged (the mean loss over the global batch), summed (the sum of the ranks'
+        mean losses) and, from each rank's own start, local (its own batches only). Returns
+        how far each rank's parameters after those steps are from each replay, relative to
+        the size of the replayed update."""
+        import torch
+
+        ranks = self.wait_for_first_steps()
+        for rank, first in enumerate(ranks):
+            if first is None:
+                return {"problem": f"rank {rank} recorded no optimizer step within "
+                                   f"{PEER_WAIT_S} s of rank 0's end."}
+            if "problem" in first:
+                return {"problem": f"rank {rank}: {first['problem']}"}
+            if first["steps"] < REPLAY_STEPS:
+                return {"problem": f"rank {rank} made {first['steps']} optimizer steps; the "
+                                   f"check replays the first {REPLAY_STEPS}."}
+        x, y = self.train_set.tensors
+
+        def batch(rank, step):
+            indices = ranks[rank]["batches"][step]
+            return x[indices].float(), y[indices]
+
+        def averaged(step):
+            inputs, targets = zip(*(batch(r, step) for r in range(len(ranks))), strict=True)
+            return [(torch.cat(inputs), torch.cat(targets))]
+
+        start, lrs = ranks[0]["theta_0"], ranks[0]["lrs"]
+        try:
+            averaged_k = self.replay(start, lrs, averaged)
+            summed_k = self.replay(start, lrs, lambda t: [batch(r, t) for r in range(len(ranks))])
+            local_k = [self.replay(first["theta_0"], first["lrs"],
+                                   lambda t, r=r: [batch(r, t)])
+                       for r, first in enumerate(ranks)]
+        except Exception as error:
+            return {"problem": f"the grader could not replay your training steps "
+                               f"({type(error).__name__}: {error})."}
+        return {"steps": REPLAY_STEPS, "ranks": [{
+            "start": _distance(first["theta_0"], start, start, relative_to_zero=True),
+            "averaged": _distance(first["theta_k"], averaged_k, start),
+            "summed": _distance(first["theta_k"], summed_k, start),
+            "local": _distance(first["theta_k"], local_k[r], first["theta_0"]),
+        } for r, first in enumerate(ranks)]}
+
+    def replay(self, theta_0, lrs, batches_of_step):
+        """The model's state after REPLAY_STEPS steps of a fresh optimizer of the script's
+        class, loaded with rank 0's state at the first step; the loss of a step is the sum
+        of F.cross_entropy (mean) over the ``(inputs, targets)`` of ``batches_of_step``."""
+        import torch
+        import torch.nn.functional as F
+
+        model = copy.deepcopy(self.model).to("cpu", torch.float32).train()
+        model.load_state_dict(theta_0)
+        parameters = dict(model.named_parameters())
+        first = self.first_steps
+        groups = [{"params": [parameters[name] for name in names]}
+                  for names in first["param_groups"]]
+        try:
+            optimizer = type(self.optimizer)(groups)
+        except TypeError:  # an optimizer whose learning rate has no default
+            optimizer = type(self.optimizer)(groups, lr=lrs[0][0])
+        optimizer.load_state_dict(copy.deepcopy(first["optimizer_state"]))
+        for step in range(REPLAY_STEPS):
+            for group, lr in zip(optimizer.param_groups, lrs[step], strict=True):
+                group["lr"] = lr
+            optimizer.zero_grad()
+            loss = sum(F.cross_entropy(model(inputs), targets)
+                       for inputs, targets in batches_of_step(step))
+            loss.backward()
+            optimizer.step()
+        return _cpu_state(model)
+
+    # -- the record ----------------------------------------------------------------------
+
+    def evaluate(self, model):
+        """Loss and correctness of every validation sample under this rank's model."""
+        import torch
+        import torch.nn.functional as F
+
+        if self.val_set is None:
+            return {"error": "load_data() was not called."}
+        x, y = self.val_set.tensors
+        device = next(model.parameters()).device
+        model.eval()
+        losses, correct = [], []
+        try:
+            with torch.no_grad():
+                for start in range(0, len(y), 512):
+                    logits = model(x[start:start + 512].to(device)).float()
+                    target = y[start:start + 512].to(device)
+                    losses += F.cross_entropy(logits, target, reduction="none").tolist()
+                    correct += (logits.argmax(dim=1) == target).int().tolist()
+        except Exception as error:
+            return {"error": f"the model does not accept a batch of validation samples "
+                             f"({type(error).__name__}: {error})."}
+        return {"loss": losses, "correct": correct}
+
+    def check_checkpoint(self, model):
+        """Whether the last thing saved into OUT_DIR loads into the plain model and holds
+        its final parameters."""
+        import torch
+
+        if not self.saves:
+            return {"saved": False}
+        result = {"saved": True, "loads": False, "matches_final": False, "problem": ""}
+        try:
+            saved = torch.load(io.BytesIO(self.saves[-1]), map_location="cpu",
+                               weights_only=False)
+        except Exception as error:
+            result["problem"] = f"torch.load fails ({type(error).__name__}: {error})."
+            return result
+        state = None
+        if isinstance(saved, dict):
+            state = next((saved[k] for k in ("model", "model_state_dict", "state_dict")
+                          if isinstance(saved.get(k), dict)), None)
+            if state is None and saved and all(isinstance(v, torch.Tensor)
+                                               for v in saved.values()):
+                state = saved
+        if state is None:
+            result["problem"] = ("it holds no state dict (expected a dict with the model's "
+                                 "state_dict under 'model').")
+            return result
+        plain = copy.deepcopy(model).cpu()
+        try:
+            plain.load_state_dict(state)
+        except Exception as error:
+            first = str(error).strip().splitlines()
+            result["problem"] = " ".join(line.strip() for line in first[:3])[:400]
+            return result
+        result["loads"] = True
+        final = _cpu_state(model)
+        result["matches_final"] = all(torch.equal(final[k], v.detach().cpu())
+                                      for k, v in plain.state_dict().items())
+        return result
+
+    def record(self):
+        """This rank's record, as JSON-ready data."""
+        record = {
+            "rank": self.rank,
+            "error": self.error,
+            "data_loaded": self.train_set is not None,
+            "n_train": len(self.train_set) if self.train_set is not None else 0,
+            "passes": self.passes,
+            "process_group_size": self.process_group_size,
+            "lrs": [max(step) for step in self.lrs],
+            "writes": sorted(set(self.writes)),
+            "metric_lines": [line for line in self.stdout if METRIC_LINE.search(line)][:20],
+            "stdout": self.stdout[-50:],
+            "model": {"found": False},
+            "val_eval": {"error": "no model was found."},
+            "checkpoint": {"saved": False},
+        }
+        model, problem = self.find_model()
+        if model is None:
+            record["model"]["problem"] = problem
+            return record
+        record["model"] = {"found": True, "params_b64": _params_b64(model)}
+        record["val_eval"] = self.evaluate(model)
+        record["checkpoint"] = self.check_checkpoint(model)
+        if self.rank == 0 and self.error is None:
+            record["replay"] = (self.replay_first_steps() if self.model is not None
+                                else {"problem": (self.first_steps or {}).get(
+                                    "problem", "the script made no optimizer step.")})
+        return record
+
+
+def _flat(state):
+    import torch
+
+    return torch.cat([state[k].detach().double().flatten() for k in sorted(state)
+                      if state[k].is_floating_point()])
+
+
+def _distance(state, reference, start, relative_to_zero=False):
+    """``|state - reference|``, relative to ``|reference - start|`` (the replayed update),
+    or to ``|reference|`` when ``relative_to_zero``."""
+    a, b = _flat(state), _flat(reference)
+    if a.shape != b.shape:
+        return float("inf")
+    scale = (b if relative_to_zero else b - _flat(start)).norm().item()
+    return (a - b).norm().item() / max(scale, 1e-30)
+
+
+def _params_b64(model):
+    import torch
+
+    state = model.state_dict()
+    flat = torch.cat([state[k].detach().float().cpu().flatten() for k in sorted(state)])
+    return base64.b64encode(flat.numpy().astype("float32").tobytes()).decode()
+
+
+def main(evidence_dir, out_dir, script, *script_args):
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    evidence_dir = Path(evidence_dir)
+    # First of all: the launcher kills this pid's group if the job outlives its time.
+    (evidence_dir / f"pid.{rank}").write_text(str(os.getpid()))
+    recorder = Recorder(rank, world_size, evidence_dir, out_dir, script)
+    recorder.run(script_args)
+    try:
+        record = recorder.record()
+    except Exception as error:  # the record must be written whatever the script did
+        record = {"rank": rank, "data_loaded": recorder.train_set is not None,
+                  "error": recorder.error or {
+                      "type": type(error).__name__, "where": "ddp_recorder",
+                      "message": f"the grader could not inspect the model: {error}"}}
+    path = record_file(evidence_dir, rank)
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(json.dumps(record))
+    os.replace(partial, path)
+    return 1 if recorder.error else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit(f"usage: {Path(__file__).name} EVIDENCE_DIR OUT_DIR SCRIPT [ARGS...]")
+    sys.exit(main(*sys.argv[1:]))

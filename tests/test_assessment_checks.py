@@ -1,0 +1,578 @@
+"""The assessment's grader, piece by piece, in well under a second each: no torchrun, no
+nbgrader run.
+
+- every ``check_<grade id>`` of ddp_checks.py on hand-built records: the passing case and
+  one case per mistake that the round trip (test_assessment.py) grades, with its reason;
+- the pass mark, and that the notebook, its grade ids and points agree with ddp_checks.py;
+- ddp_recorder.py run in this process on a two-epoch toy script (no process group), which
+  pins the private DataLoader hooks it relies on at the torch version in use;
+- autograde_guard.py's script-cell rule, and where nbgrader_config.py puts the guards;
+- export_grades.py on a small gradebook.
+"""
+import base64
+import contextlib
+import importlib.util
+import inspect
+import io
+import json
+import random
+import sys
+from array import array
+
+import nbformat
+import pytest
+
+from conftest import REPO
+
+ASSESSMENT = REPO / "assessment"
+SOURCE = ASSESSMENT / "source" / "ddp_refactor"
+NOTEBOOK = SOURCE / "ddp_refactor.ipynb"
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ddp_checks = load("assessment_ddp_checks", SOURCE / "ddp_checks.py")
+ddp_recorder = load("assessment_ddp_recorder", SOURCE / "ddp_recorder.py")
+
+# A small job that does everything right: 2 ranks, 2 epochs, 26 training samples in
+# batches of 4 (DistributedSampler pads to 13 per rank: one repeat), 8 validation samples.
+WORLD, EPOCHS, BATCH, N_TRAIN, N_VAL, LR = 2, 2, 4, 26, 8, 0.05
+CONFIG = ddp_checks.Config(epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=0,
+                           target_accuracy=0.85)
+PARAMS = [0.5, -1.25, 2.0, 0.0]
+
+
+def batches(indices, size=BATCH, drop_last=False):
+    cut = len(indices) - len(indices) % size if drop_last else len(indices)
+    return [indices[i:i + size] for i in range(0, cut, size)]
+
+
+def sampler_shard(epoch, rank, drop_last=False):
+    """What DistributedSampler(shuffle=True) gives a rank: a slice of an epoch's
+    permutation, padded (or trimmed, drop_last) to a multiple of the world size."""
+    order = random.Random(epoch).sample(range(N_TRAIN), N_TRAIN)
+    if drop_last:
+        order = order[:N_TRAIN - N_TRAIN % WORLD]
+    else:
+        order += order[:(-N_TRAIN) % WORLD]
+    return order[rank::WORLD]
+
+
+def params_b64(values):
+    return base64.b64encode(array("f", values).tobytes()).decode()
+
+
+def good_run(tmp_path):
+    out = tmp_path / "grading_run" / "out"
+    out.mkdir(parents=True)
+    losses = [0.1 * (i + 1) for i in range(N_VAL)]
+    correct = [1] * (N_VAL - 1) + [0]
+    ranks = []
+    for rank in range(WORLD):
+        passes = []
+        for epoch in range(EPOCHS):
+            passes.append({"split": "train", "batches": batches(sampler_shard(epoch, rank))})
+            passes.append({"split": "val", "batches": [list(range(rank, N_VAL, WORLD))]})
+        ranks.append({
+            "rank": rank, "error": None, "data_loaded": True, "n_train": N_TRAIN,
+            "passes": passes, "process_group_size": WORLD, "lrs": [LR * WORLD] * 8,
+            "writes": [str(out / "log.jsonl"), str(out / "checkpoint.pt")] if rank == 0 else [],
+            "metric_lines": ["epoch  2/2  val_loss 0.4500  val_acc 0.8750"] if rank == 0 else [],
+            "stdout": [], "model": {"found": True, "params_b64": params_b64(PARAMS)},
+            "val_eval": {"loss": losses, "correct": correct},
+            "checkpoint": {"saved": True, "loads": True, "matches_final": True,
+                           "problem": ""} if rank == 0 else {"saved": False},
+        })
+    ranks[0]["replay"] = {"steps": 3, "ranks": [
+        {"start": 0.0, "averaged": 3e-7, "summed": 0.49, "local": 0.56} for _ in range(WORLD)]}
+    (out / "log.jsonl").write_text(json.dumps(
+        {"epoch": 2, "val_loss": sum(losses) / N_VAL, "val_acc": sum(correct) / N_VAL}) + "\n")
+    (out / "checkpoint.pt").write_bytes(b"saved")
+    return ddp_checks.Run(script="train_digits_ddp.py", config=CONFIG, nproc=WORLD,
+                          on_gpu=False, time_limit_s=60, returncode=0, ranks=ranks,
+                          out_dir=out)
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return good_run(tmp_path)
+
+
+def check(grade_id, run):
+    """The check's PASS line, or the reason it gives for failing."""
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            ddp_checks.CHECKS[grade_id](run)
+    except ddp_checks.RequirementNotMet as reason:
+        return f"FAIL: {reason}"
+    return output.getvalue().strip()
+
+
+def failing(run):
+    return {grade_id for grade_id in ddp_checks.REQUIREMENTS
+            if check(grade_id, run).startswith("FAIL")}
+
+
+# -- the passing case ------------------------------------------------------------------
+
+def test_a_correct_job_meets_every_requirement_and_passes(run):
+    for grade_id in ddp_checks.REQUIREMENTS:
+        assert check(grade_id, run).startswith("PASS: "), grade_id
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert ddp_checks.report(run) == (12, True)
+    assert "Total: 12 of 12 points" in printed.getvalue()
+    assert "Result: PASSED" in printed.getvalue()
+
+
+# -- one case per mistake the round trip grades ----------------------------------------
+
+def test_overlapping_shards_fail_cover(run):
+    for rank, record in enumerate(run.ranks):  # no sampler: every rank draws everything
+        for epoch, p in enumerate(r for r in record["passes"] if r["split"] == "train"):
+            p["batches"] = batches(random.Random(10 * epoch + rank).sample(range(N_TRAIN),
+                                                                           N_TRAIN))
+    assert failing(run) == {"shards_disjoint_and_cover"}
+    assert "the ranks train on overlapping data" in check("shards_disjoint_and_cover", run)
+
+
+def test_same_order_every_epoch_fails_reshuffling(run):
+    for record in run.ranks:  # no set_epoch: epoch 0's permutation every epoch
+        first = next(p for p in record["passes"] if p["split"] == "train")["batches"]
+        for p in record["passes"]:
+            if p["split"] == "train":
+                p["batches"] = first
+    assert failing(run) == {"shards_reshuffled_each_epoch"}
+    assert "call set_epoch(epoch)" in check("shards_reshuffled_each_epoch", run)
+
+
+@pytest.mark.parametrize("mistake, reason", [
+    ("summed", "gradients are summed, not averaged"),
+    ("local", "each rank stepped on its own gradients"),
+])
+def test_gradients_not_averaged_are_named(run, mistake, reason):
+    for result in run.ranks[0]["replay"]["ranks"]:
+        result.update({"averaged": 0.6, "summed": 0.5, "local": 0.6, mistake: 1e-7})
+    assert failing(run) == {"gradients_averaged_over_ranks"}
+    assert reason in check("gradients_averaged_over_ranks", run)
+
+
+def test_ranks_starting_apart_miss_a_broadcast(run):
+    run.ranks[0]["replay"]["ranks"][1].update(start=0.3, averaged=0.4)
+    assert "started training from different parameters" in check(
+        "gradients_averaged_over_ranks", run)
+
+
+def test_another_replay_mismatch_says_by_how_much(run):
+    run.ranks[0]["replay"]["ranks"][1]["averaged"] = 0.25
+    assert "rank 1's parameters differ from a single-process replay of the same global " \
+           "batches by 0.25 of the update" in check("gradients_averaged_over_ranks", run)
+
+
+def test_ranks_that_drift_apart_later_fail(run):
+    run.ranks[1]["model"]["params_b64"] = params_b64([0.5, -1.25, 2.0, 0.01])
+    assert "after training rank 1's parameters differ from rank 0's" in check(
+        "gradients_averaged_over_ranks", run)
+
+
+def test_a_replay_the_recorder_could_not_do_fails_with_its_reason(run):
+    run.ranks[0]["replay"] = {"problem": "rank 1 made 2 optimizer steps; the check "
+                                         "replays the first 3."}
+    assert check("gradients_averaged_over_ranks", run) == (
+        "FAIL: the first training steps could not be checked: rank 1 made 2 optimizer "
+        "steps; the check replays the first 3.")
+
+
+def test_checkpoint_written_by_every_rank_fails_rank0_only(run):
+    run.ranks[1]["writes"] = [str(run.out_dir / "checkpoint.pt")]
+    assert failing(run) == {"rank0_only_logs_and_writes"}
+    assert "rank 1 wrote out/checkpoint.pt" in check("rank0_only_logs_and_writes", run)
+
+
+def test_table_printed_by_every_rank_fails_rank0_only(run):
+    run.ranks[1]["metric_lines"] = run.ranks[0]["metric_lines"]
+    assert "rank 1 printed the per-epoch table too" in check("rank0_only_logs_and_writes",
+                                                             run)
+
+
+def test_wrapped_checkpoint_fails_loading(run):
+    run.ranks[0]["checkpoint"].update(loads=False, problem="Unexpected key(s) in state_dict:"
+                                                           " \"module.0.weight\".")
+    assert failing(run) == {"checkpoint_loads_into_plain_model"}
+    assert "Save model.module.state_dict()" in check("checkpoint_loads_into_plain_model", run)
+
+
+def test_metrics_of_one_rank_fail_global_metrics(run):
+    shard = range(0, N_VAL, WORLD)  # rank 0's share alone
+    losses, correct = run.ranks[0]["val_eval"]["loss"], run.ranks[0]["val_eval"]["correct"]
+    (run.out_dir / "log.jsonl").write_text(json.dumps({
+        "val_loss": sum(losses[i] for i in shard) / len(shard),
+        "val_acc": sum(correct[i] for i in shard) / len(shard)}) + "\n")
+    assert failing(run) == {"validation_metrics_are_global"}
+    assert "sum the ranks' sums (dist.all_reduce)" in check("validation_metrics_are_global",
+                                                            run)
+
+
+def test_unscaled_learning_rate_fails(run):
+    for record in run.ranks:
+        record["lrs"] = [LR] * 8
+    assert failing(run) == {"learning_rate_follows_global_batch"}
+    assert check("learning_rate_follows_global_batch", run) == (
+        "FAIL: rank 0's optimizer trained with a learning rate of at most 0.05; the global "
+        "batch is 2 x --batch-size, so scale --lr 0.05 by the world size: 0.1 (linear) or "
+        "0.07071 (square-root).")
+
+
+@pytest.mark.parametrize("lrs, rule", [
+    ([LR * 2 ** 0.5] * 8, "square-root"),
+    ([LR * 2 * (step + 1) / 4 for step in range(4)] + [LR * 2 * 0.9] * 4, "linear"),
+])
+def test_square_root_rule_and_warmup_pass(run, lrs, rule):
+    for record in run.ranks:
+        record["lrs"] = lrs
+    assert f"({rule} rule)" in check("learning_rate_follows_global_batch", run)
+
+
+def test_low_accuracy_fails_the_target(run):
+    for record in run.ranks:
+        record["val_eval"]["correct"] = [1] * 6 + [0] * 2
+    assert check("runs_and_reaches_target_accuracy", run) == (
+        "FAIL: after 2 epochs the model classifies 75.0% of the validation set correctly; "
+        "the target is 85%.")
+
+
+@pytest.mark.parametrize("loader_drops, sampler_drops", [(True, False), (False, True),
+                                                         (True, True)])
+def test_drop_last_keeps_cover(run, loader_drops, sampler_drops):
+    for rank, record in enumerate(run.ranks):
+        train = [p for p in record["passes"] if p["split"] == "train"]
+        for epoch, p in enumerate(train):
+            p["batches"] = batches(sampler_shard(epoch, rank, drop_last=sampler_drops),
+                                   drop_last=loader_drops)
+    assert check("shards_disjoint_and_cover", run).startswith("PASS")
+
+
+def test_more_left_out_than_drop_last_allows_fails_cover(run):
+    for record in run.ranks:
+        for p in record["passes"]:
+            if p["split"] == "train":
+                p["batches"] = p["batches"][:-2]  # a whole batch more than drop_last's
+    assert "went to no rank" in check("shards_disjoint_and_cover", run)
+
+
+@pytest.mark.parametrize("failure, reason", [
+    ({"timed_out": True, "output": "epoch 1\n"},
+     "the job did not finish within 60 s and was stopped"),
+    ({"returncode": 1}, "the job exited with status 1"),
+])
+def test_a_job_that_cannot_be_graded_fails_every_check(run, failure, reason):
+    for key, value in failure.items():
+        setattr(run, key, value)
+    for grade_id in ddp_checks.REQUIREMENTS:
+        assert reason in check(grade_id, run)
+
+
+def test_a_script_that_never_loads_the_data_fails_every_check(run):
+    """What a script cell of kernel code patching the checks becomes when it is graded as
+    the script it writes: a job that trains nothing."""
+    for record in run.ranks:
+        record["data_loaded"] = False
+    for grade_id in ddp_checks.REQUIREMENTS:
+        assert check(grade_id, run) == ("FAIL: the script never called "
+                                        "digits_data.load_data(): keep loading the data "
+                                        "with it.")
+
+
+def test_a_crash_names_the_rank_the_line_and_the_unwritten_part(run):
+    run.returncode = 1
+    run.ranks[1]["error"] = {"type": "NotImplementedError", "message": "",
+                             "where": "train_digits_ddp.py line 22, in <module>: raise "
+                                      "NotImplementedError()"}
+    assert check("shards_disjoint_and_cover", run) == (
+        "FAIL: rank 1 stopped with NotImplementedError (train_digits_ddp.py line 22, in "
+        "<module>: raise NotImplementedError()). A place marked '# YOUR CODE HERE' still "
+        "needs your code.")
+
+
+# -- the pass mark and the notebook -----------------------------------------------------
+
+@pytest.mark.parametrize("lost, passed", [
+    (set(), True),
+    ({"validation_metrics_are_global", "learning_rate_follows_global_batch"}, True),
+    ({"shards_disjoint_and_cover", "validation_metrics_are_global"}, False),  # 8 points
+    ({"gradients_averaged_over_ranks"}, False),  # 9 points, without the one it needs
+    ({"runs_and_reaches_target_accuracy"}, False),
+])
+def test_pass_mark(lost, passed):
+    assert ddp_checks.passes(set(ddp_checks.REQUIREMENTS) - lost) is passed
+
+
+def test_report_of_a_job_without_averaged_gradients_does_not_pass(run):
+    for result in run.ranks[0]["replay"]["ranks"]:
+        result.update(averaged=0.7, local=1e-7)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert ddp_checks.report(run) == (9, False)
+    assert "not met  gradients_averaged_over_ranks (0 of 3)" in printed.getvalue()
+    assert "Result: NOT PASSED" in printed.getvalue()
+
+
+def nbgrader_cells():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    return [(cell, cell.metadata.get("nbgrader", {})) for cell in notebook.cells]
+
+
+def test_notebook_grades_exactly_the_requirements_of_ddp_checks():
+    cells = nbgrader_cells()
+    graded = {meta["grade_id"]: meta["points"] for _, meta in cells if meta.get("grade")}
+    assert graded == ddp_checks.REQUIREMENTS
+    assert list(graded) == list(ddp_checks.REQUIREMENTS)  # the same order
+    for cell, meta in cells:
+        if meta.get("grade"):  # each test cell calls the check named after it
+            assert f"ddp_checks.check_{meta['grade_id']}(run)" in cell.source
+    assert all(callable(ddp_checks.CHECKS[grade_id]) for grade_id in ddp_checks.REQUIREMENTS)
+
+
+def test_every_cell_belongs_to_the_assignment_and_only_the_script_is_editable():
+    cells = nbgrader_cells()
+    assert all(meta.get("grade_id") for _, meta in cells)
+    editable = [meta["grade_id"] for _, meta in cells if not meta["locked"]]
+    assert editable == ["ddp_script"]
+    script = next(cell for cell, meta in cells if meta["grade_id"] == "ddp_script")
+    assert script.source.split("\n")[0] == "%%writefile train_digits_ddp.py"
+    assert 3 <= script.source.count("### BEGIN SOLUTION") <= 4
+    assert "DDP step" not in script.source
+
+
+def test_notebook_states_the_points_and_the_pass_mark_of_ddp_checks():
+    intro = nbgrader_cells()[0][0].source
+    total = sum(ddp_checks.REQUIREMENTS.values())
+    assert (f"Pass mark: {ddp_checks.PASS_POINTS} of the {total} points, including "
+            f"requirements 1 and 4" in intro)
+    numbers = {grade_id: i + 1 for i, grade_id in enumerate(ddp_checks.REQUIREMENTS)}
+    assert [numbers[g] for g in ddp_checks.PASS_REQUIRES] == [1, 4]
+    rows = [line for line in intro.split("\n") if line.startswith("| ") and line[2].isdigit()]
+    assert [int(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows] == list(
+        ddp_checks.REQUIREMENTS.values())
+    assert f"first {ddp_recorder.REPLAY_STEPS} optimizer steps" in intro
+
+
+# -- the recorder, in this process, on a toy script --------------------------------------
+
+TOY_SCRIPT = '''
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from digits_data import load_data
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--sampler", action="store_true")
+parser.add_argument("--out", type=Path)
+parser.add_argument("--fail", action="store_true")
+args = parser.parse_args()
+train_set, val_set = load_data()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+if args.sampler:  # rank 0 of 2, without a process group
+    sampler = DistributedSampler(train_set, num_replicas=2, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(train_set, batch_size=256, sampler=sampler)
+else:
+    loader = DataLoader(train_set, batch_size=256, shuffle=True)
+for epoch in range(2):
+    if args.sampler:
+        sampler.set_epoch(epoch)
+    for x, y in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        for x, y in DataLoader(val_set, batch_size=100):
+            model(x)
+    print(f"epoch {epoch + 1}  val_loss 0.5  val_acc 0.9")
+if args.fail:
+    raise NotImplementedError()
+args.out.mkdir(parents=True, exist_ok=True)
+torch.save({"model": model.state_dict()}, args.out / "checkpoint.pt")
+'''
+
+
+def record_toy(tmp_path, *flags):
+    script = tmp_path / "toy.py"
+    script.write_text(TOY_SCRIPT)
+    evidence, out = tmp_path / "evidence", tmp_path / "out"
+    evidence.mkdir()
+    recorder = ddp_recorder.Recorder(0, 1, evidence, out, script)
+    recorder.run(["--out", str(out), *flags])
+    return recorder, recorder.record()
+
+
+@pytest.fixture(scope="module")
+def first_use_imports():
+    """What scikit-learn's digits loader and torch's first optimizer import on first use
+    (torch._dynamo, about 2 s each here), once for the module rather than in a test."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    load_digits()
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch, first_use_imports):
+    """digits_data.py beside the toy script, as in the assignment's folder; one intra-op
+    thread, as in a graded rank (two threads' OpenMP spinning on 2 shared cores makes
+    this tiny model's steps ten times slower)."""
+    import torch
+
+    (tmp_path / "digits_data.py").write_text((SOURCE / "digits_data.py").read_text())
+    monkeypatch.delitem(sys.modules, "digits_data", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tmp_path
+    torch.set_num_threads(threads)
+
+
+def test_recorder_records_each_batch_the_steps_and_a_replay(toy):
+    import builtins
+
+    import torch.utils.data.dataloader as dataloader
+
+    originals = (dataloader._BaseDataLoaderIter._next_index, builtins.open, sys.stdout)
+    recorder, record = record_toy(toy)
+    assert record["error"] is None
+    train = [p["batches"] for p in record["passes"] if p["split"] == "train"]
+    val = [p["batches"] for p in record["passes"] if p["split"] == "val"]
+    assert [[len(b) for b in batches] for batches in train] == [[256] * 5 + [157]] * 2
+    assert all(sorted(i for b in batches for i in b) == list(range(1437)) for batches in train)
+    assert train[0] != train[1]  # shuffled anew
+    assert val == [[list(range(0, 100)), list(range(100, 200)), list(range(200, 300)),
+                    list(range(300, 360))]] * 2
+    assert record["lrs"] == [0.1] * 12
+    replay = record["replay"]
+    assert replay["steps"] == ddp_recorder.REPLAY_STEPS
+    # One rank: its own steps are the averaged, summed and local replay at once.
+    assert replay["ranks"][0]["start"] == 0
+    assert max(replay["ranks"][0][k] for k in ("averaged", "summed", "local")) < 1e-5
+    assert record["checkpoint"] == {"saved": True, "loads": True, "matches_final": True,
+                                    "problem": ""}
+    assert record["writes"] == [str(toy / "out" / "checkpoint.pt")]
+    assert record["metric_lines"] == ["epoch 1  val_loss 0.5  val_acc 0.9",
+                                      "epoch 2  val_loss 0.5  val_acc 0.9"]
+    assert sorted(p.name for p in (toy / "evidence").iterdir()) == ["steps.rank0.pt"]
+    # Everything patched is back as it was.
+    assert (dataloader._BaseDataLoaderIter._next_index, builtins.open, sys.stdout) == originals
+
+
+def test_recorder_follows_a_distributed_sampler(toy):
+    from torch.utils.data.distributed import DistributedSampler
+
+    _, record = record_toy(toy, "--sampler")
+    train = [p["batches"] for p in record["passes"] if p["split"] == "train"]
+    train_set = sys.modules["digits_data"].load_data()[0]
+    for epoch, batches in enumerate(train):
+        sampler = DistributedSampler(train_set, num_replicas=2, rank=0, shuffle=True, seed=0)
+        sampler.set_epoch(epoch)
+        expected = list(sampler)
+        assert batches == [expected[i:i + 256] for i in range(0, len(expected), 256)]
+
+
+def test_recorder_reports_a_crash_at_the_scripts_line(toy):
+    _, record = record_toy(toy, "--fail")
+    line = TOY_SCRIPT.split("\n").index("    raise NotImplementedError()") + 1
+    assert record["error"] == {"type": "NotImplementedError", "message": "",
+                               "where": f"toy.py line {line}, in <module>: raise "
+                                        f"NotImplementedError()"}
+    assert "replay" not in record
+
+
+def test_the_private_dataloader_methods_the_recorder_patches_exist():
+    """torch's _BaseDataLoaderIter: __init__(loader), _reset(loader, first_iter=False),
+    _next_index() returning one batch's indices. A torch upgrade that changes them breaks
+    the recorder: the tests above say so first."""
+    from torch.utils.data import dataloader
+
+    base = dataloader._BaseDataLoaderIter
+    assert list(inspect.signature(base.__init__).parameters) == ["self", "loader"]
+    reset = inspect.signature(base._reset).parameters
+    assert list(reset) == ["self", "loader", "first_iter"]
+    assert reset["first_iter"].default is False
+    assert list(inspect.signature(base._next_index).parameters) == ["self"]
+
+
+# -- the grading guard and the grade export ---------------------------------------------
+
+autograde_guard = load("assessment_autograde_guard", ASSESSMENT / "autograde_guard.py")
+FIRST_LINE = "%%writefile train_digits_ddp.py"
+
+
+@pytest.mark.parametrize("source, expected", [
+    (f"{FIRST_LINE}\nimport torch", f"{FIRST_LINE}\nimport torch"),
+    ("\n\n%%writefile  other.py\nimport torch", f"{FIRST_LINE}\nimport torch"),
+    ("import ddp_checks\nddp_checks.check_x = print", f"{FIRST_LINE}\nimport ddp_checks\n"
+                                                      f"ddp_checks.check_x = print"),
+    ("%%bash\necho hi", f"{FIRST_LINE}\n%%bash\necho hi"),
+    ("", FIRST_LINE),
+])
+def test_the_script_cell_always_writes_the_script(source, expected):
+    assert autograde_guard.as_script_cell(source, FIRST_LINE) == expected
+
+
+def test_the_guards_run_in_autogrades_sanitize_step_before_overwrite_cells():
+    from nbgrader.converters import Autograde
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ASSESSMENT)).load_config()
+    configured = [p.__name__ for p in config.Autograde.sanitize_preprocessors]
+    default = [p.__name__ for p in Autograde.class_traits()["sanitize_preprocessors"]
+               .default()]
+    at = default.index("OverwriteCells")
+    assert default[:at] == ["ClearOutput", "DeduplicateIds", "OverwriteKernelspec"]
+    assert configured == [*default[:at], "KeepAssignmentCellsOnly",
+                          "KeepAssignmentFilesOnly", *default[at:]]
+    script = next(cell for cell, meta in nbgrader_cells()
+                  if meta["grade_id"] == config.KeepAssignmentCellsOnly.script_cell)
+    assert script.source.split("\n")[0] == config.KeepAssignmentCellsOnly.script_first_line
+
+
+def test_grades_export_has_a_column_per_requirement_and_the_verdict():
+    """export_grades.grade_rows on a stand-in for nbgrader's Gradebook (the round trip
+    checks the real grades.csv against the real gradebook)."""
+    from types import SimpleNamespace
+
+    from nbgrader.api import MissingEntry
+
+    export_grades = load("assessment_export_grades", ASSESSMENT / "export_grades.py")
+    scores = {"alice": dict(ddp_checks.REQUIREMENTS),
+              "bob": {**ddp_checks.REQUIREMENTS, "gradients_averaged_over_ranks": 0}}
+
+    def find_submission(assignment, student):
+        if student not in scores:
+            raise MissingEntry()
+        grades = [SimpleNamespace(name=name, score=score, max_score=ddp_checks.REQUIREMENTS[
+            name]) for name, score in scores[student].items()]
+        return SimpleNamespace(notebooks=[SimpleNamespace(grades=grades)], timestamp=None,
+                               score=sum(scores[student].values()), max_score=12)
+
+    gradebook = SimpleNamespace(
+        students=[SimpleNamespace(id=s, first_name=None, last_name=None)
+                  for s in ("carol", "bob", "alice")],
+        find_submission=find_submission)
+    rows = {row["student_id"]: row for row in export_grades.grade_rows(
+        gradebook, "ddp_refactor", ddp_checks)}
+    assert [rows[s]["passed"] for s in ("alice", "bob", "carol")] == ["yes", "no", "no"]
+    assert (rows["bob"]["score"], rows["bob"]["max_score"]) == (9, 12)
+    assert rows["bob"]["gradients_averaged_over_ranks"] == 0
+    assert list(rows["alice"])[4:-3] == list(ddp_checks.REQUIREMENTS)
