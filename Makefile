@@ -1,5 +1,6 @@
 # One entry point for learners, instructors and CI.
-#   make lab        set up (first time only) and open the course in JupyterLab
+#   make lab        set up (first time only) and open the course in JupyterLab, as learners use it
+#   make instructor JupyterLab on the whole repository, with nbgrader's formgrader
 #   make test       set up (first time only) and run the whole test suite
 #   make test-fast  the tests that start no processes (under a minute): everyday work
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
@@ -12,7 +13,7 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast gpu-check doctor lint html bench clean
+.PHONY: setup lab instructor test test-fast gpu-check doctor lint html bench clean
 
 setup: $(STAMP)
 
@@ -27,12 +28,30 @@ $(STAMP): pyproject.toml $(wildcard jupyter/*)
 	install -D -m 644 jupyter/nbgrader_config.py $(VENV)/etc/jupyter/nbgrader_config.py
 	touch $@
 
-# Serves the repository (notebooks/, assessment/, the library's source), opened on notebooks/.
+# The learner's JupyterLab serves a workspace (git-ignored): copies of notebooks/ and of the
+# assessment's release, made only when missing, so a learner's work is never overwritten
+# (jupyter/learner/make_workspace.py). Nothing of the instructor's kit (assessment/source,
+# the gradebook, tests/) is in it, and nbgrader's instructor parts are off: the server
+# extensions below, the panels in jupyter/learner/labconfig/page_config.json. nbgrader's
+# Validate button stays.
 # LAB_ARGS adds JupyterLab flags, e.g. on a remote workstation: make lab LAB_ARGS=--no-browser
+WORKSPACE ?= workspace
+LEARNER_OFF := formgrader course_list assignment_list
 lab: setup
 	$(BIN)/python -m workshop_lib doctor
+	$(BIN)/python jupyter/learner/make_workspace.py $(WORKSPACE)
+	PATH="$(abspath $(BIN)):$$PATH" JUPYTER_CONFIG_PATH="$(abspath jupyter/learner)" \
+	  $(BIN)/jupyter lab --port=$(PORT) $(ROOT_FLAG) --ServerApp.root_dir=$(WORKSPACE) \
+	  --LabApp.default_url=/lab/tree/notebooks \
+	  $(foreach e,$(LEARNER_OFF),--ServerApp.jpserver_extensions=nbgrader.server_extensions.$(e)=False) \
+	  $(LAB_ARGS)
+
+# The instructor's JupyterLab: the whole repository, opened on assessment/, with nbgrader's
+# Formgrader (it manages assessment/, or the folder WORKSHOP_ASSESSMENT_DIR names) and
+# Create Assignment panels.
+instructor: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --port=$(PORT) $(ROOT_FLAG) \
-	  --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	  --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/assessment $(LAB_ARGS)
 
 # Executed copies of every notebook, as HTML, in build/html (profile auto: this machine's).
 html: setup

@@ -2,10 +2,11 @@
 environment (.venv/etc/jupyter/), where nbgrader finds it wherever it runs.
 
 nbgrader otherwise reads only the nbgrader_config.py of the folder it runs in. `make lab`
-runs JupyterLab from the repository root, where there is none, so without this file the
-formgrader would take the whole repository for a course folder (and create a gradebook.db
-there), and a learner's *Validate* button would run the assessment with nbgrader's default
-limit of 30 s per cell, which the graded torchrun launch always exceeds.
+and `make instructor` run JupyterLab from the repository root, where there is none, so
+without this file the instructor's formgrader would take the whole repository for a course
+folder (and create a gradebook.db there), and a learner's *Validate* button would run the
+assessment with nbgrader's default limit of 30 s per cell, which the graded torchrun launch
+always exceeds.
 
 So, wherever the folder nbgrader runs in has no nbgrader_config.py of its own: the course
 folder is the repository's assessment/ (or the folder $WORKSHOP_ASSESSMENT_DIR names), and

@@ -1,19 +1,23 @@
 """The course in JupyterLab, in a real browser: what learners and instructors click.
 
-JupyterLab is started with the command ``make lab`` runs (read from ``make -n lab``, so a
-change to the Makefile is tested too) and driven in Debian's Chromium by Playwright:
+JupyterLab is started with the commands ``make lab`` and ``make instructor`` run (read from
+``make -n``, so a change to the Makefile is tested too) and driven in Debian's Chromium by
+Playwright:
 
-- the course's own settings apply: no news prompt, no update check, no extension manager;
+- the learner's JupyterLab (``make lab``) serves a workspace of copies of the notebooks and
+  of the assessment's release: nothing of assessment/source or tests/, no nbgrader
+  instructor panel, the course's own settings (no news prompt, no update check, no
+  extension manager);
 - notebook 01: the batch-size slider redraws the SGD plot;
 - notebook 02: a ``%%bash torchrun`` cell prints every rank's start-up line and the final
   ``done:`` line, while the GPU dashboard (jupyterlab-nvdashboard) keeps streaming;
-- the assessment: a learner's notebook has nbgrader's *Validate* button, and the
-  instructor's formgrader lists the assignment.
+- the assessment: the learner's notebook has nbgrader's *Validate* button, and it validates;
+  the instructor's JupyterLab (``make instructor``) has the formgrader listing the assignment.
 
 Every step saves a screenshot in ``build/browser-screenshots/`` (CI keeps them); a failing
-test saves one of the page as it was. The notebooks are opened from copies in a scratch
-folder under ``build/``, so that running them (and JupyterLab's autosave) never touches the
-committed notebooks, and the formgrader manages a copy of ``assessment/``.
+test saves one of the page as it was. Both servers work on copies in a scratch folder under
+``build/`` (the learner's workspace, and the assessment folder the formgrader manages), so
+that running the notebooks (and JupyterLab's autosave) never touches the committed ones.
 
 Chromium is Debian's (``apt-get install chromium``; ``.ci/run`` installs it). Without it the
 module is skipped, except under CI, where that is a failure.
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -59,6 +64,10 @@ CELL_S = 300
 # Without the course's settings JupyterLab's news prompt appears 1-2 s after the page has
 # loaded; waiting this long and seeing none shows the settings work.
 NEWS_PROMPT_WAIT_S = 6
+# nbgrader's parts for instructors, which the learner's JupyterLab must not have.
+INSTRUCTOR_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                      "@jupyter/nbgrader:course-list"]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +109,11 @@ def screenshots(chromium_path):
 
 @pytest.fixture(scope="module")
 def scratch():
-    """Copies of what the tests open, inside the server's root (the repository) but in the
-    git-ignored build/ folder: notebooks 01 and 02, and the assessment course folder (the
-    instructor's files; a learner opens its release/ notebook)."""
+    """A scratch folder in the git-ignored build/: the learner's workspace (``make lab``
+    fills it) and a copy of the assessment course folder (the instructor's files, which
+    the formgrader manages)."""
     (REPO / "build").mkdir(exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="browser-tests-", dir=REPO / "build"))
-    (folder / "notebooks").mkdir()
-    for name in ("01_sgd_and_batch_size.ipynb", "02_from_one_gpu_to_many.ipynb"):
-        shutil.copy(REPO / "notebooks" / name, folder / "notebooks" / name)
     shutil.copytree(REPO / "assessment", folder / "assessment", ignore=shutil.ignore_patterns(
         "gradebook.db", "submitted", "autograded", "feedback", "grades.csv", "*.log",
         "runs", "grading_run", "train_digits*.py", "__pycache__", ".ipynb_checkpoints"))
@@ -115,14 +121,18 @@ def scratch():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def make_lab_command(port, lab_args):
-    """The command `make lab` runs to start JupyterLab, for this Python's environment."""
+def make_commands(target, port, lab_args, **variables):
+    """The commands of ``make TARGET``'s own recipe (not its set-up prerequisite), for
+    this Python's environment, as ``make -n`` prints them."""
     dry_run = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-s", "lab", f"VENV={sys.prefix}",
-         f"PORT={port}", f"LAB_ARGS={shlex.join(lab_args)}"],
+        ["make", "--no-print-directory", "-n", "-s", target, f"VENV={sys.prefix}",
+         f"PORT={port}", f"LAB_ARGS={shlex.join(lab_args)}",
+         *(f"{name}={value}" for name, value in variables.items())],
         cwd=REPO, capture_output=True, text=True, check=True).stdout
     commands = dry_run.replace("\\\n", " ").splitlines()
-    return next(command for command in commands if "/jupyter lab " in command)
+    server = next(i for i, command in enumerate(commands) if "/jupyter lab " in command)
+    prepare = [c for c in commands[:server] if "make_workspace.py" in c]
+    return prepare, commands[server]
 
 
 def http_get(url, token):
@@ -167,47 +177,74 @@ class JupyterLab:
                 pass
 
 
-@pytest.fixture(scope="module")
-def jupyter_lab(chromium_path, scratch, tmp_path_factory):
-    """JupyterLab as `make lab` starts it, on a free port of 127.0.0.1, with a token.
-
-    The user's own Jupyter folders are replaced by empty ones (settings, workspaces, kernel
-    connection files), so that only the course's configuration applies and nothing is
-    written to the home folder.
-    """
-    home = tmp_path_factory.mktemp("jupyter-home")
-    env = {**os.environ,
-           "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
-           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "IPYTHONDIR": str(home / "ipython"),
-           "WORKSHOP_ASSESSMENT_DIR": str(scratch / "assessment")}
+def start_jupyter_lab(target, home, env, **variables):
+    """JupyterLab as ``make TARGET`` starts it, on a free port of 127.0.0.1, with a token;
+    its recipe's preparation (the learner's workspace) run first."""
     port, token = free_port(), secrets.token_hex(16)
-    command = make_lab_command(port, [
+    prepare, command = make_commands(target, port, [
         "--no-browser", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
         # window.jupyterapp: the tests run JupyterLab's own commands (run a cell...).
-        "--LabApp.expose_app_in_browser=True"])
-    log_path = home / "jupyter-lab.log"
+        "--LabApp.expose_app_in_browser=True"], **variables)
+    for step in prepare:
+        subprocess.run(["bash", "-c", step], cwd=REPO, env=env, check=True,
+                       capture_output=True, timeout=120)
+    log_path = home / f"jupyter-{target}.log"
     start = time.monotonic()
     with open(log_path, "w") as log:
         process = subprocess.Popen(["bash", "-c", command], cwd=REPO, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     lab = JupyterLab(f"http://127.0.0.1:{port}", token, process, log_path)
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"JupyterLab exited ({process.returncode}):\n{lab.log()[-3000:]}")
-            if time.monotonic() - start > SERVER_START_S:
-                pytest.fail(f"JupyterLab not ready after {SERVER_START_S} s:\n{lab.log()[-3000:]}")
-            try:
-                lab.api("api/status")
-                break
-            except OSError:
-                time.sleep(0.25)
-        lab.ready_s = time.monotonic() - start
-        print(f"\nJupyterLab server ready after {lab.ready_s:.1f} s: {command}")
-        yield lab
-    finally:
-        lab.stop()
-    print(f"JupyterLab's log:\n{lab.log()[-2000:]}")
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"JupyterLab exited ({process.returncode}):\n{lab.log()[-3000:]}")
+        if time.monotonic() - start > SERVER_START_S:
+            lab.stop()
+            pytest.fail(f"JupyterLab not ready after {SERVER_START_S} s:\n{lab.log()[-3000:]}")
+        try:
+            lab.api("api/status")
+            break
+        except OSError:
+            time.sleep(0.25)
+    lab.ready_s = time.monotonic() - start
+    print(f"\nJupyterLab (make {target}) ready after {lab.ready_s:.1f} s: {command}")
+    return lab
+
+
+@pytest.fixture(scope="module")
+def jupyter_home(tmp_path_factory):
+    """The user's own Jupyter folders replaced by empty ones (settings, workspaces, kernel
+    connection files), so that only the course's configuration applies and nothing is
+    written to the home folder."""
+    home = tmp_path_factory.mktemp("jupyter-home")
+    env = {**os.environ,
+           "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "IPYTHONDIR": str(home / "ipython")}
+    env.pop("WORKSHOP_ASSESSMENT_DIR", None)
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    return home, env
+
+
+@pytest.fixture(scope="module")
+def jupyter_lab(chromium_path, scratch, jupyter_home):
+    """The learner's JupyterLab (``make lab``), serving a workspace in the scratch folder."""
+    home, env = jupyter_home
+    lab = start_jupyter_lab("lab", home, env, WORKSPACE=scratch / "workspace")
+    lab.workspace = scratch / "workspace"
+    yield lab
+    lab.stop()
+    print(f"JupyterLab's log (make lab):\n{lab.log()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def instructor_lab(chromium_path, scratch, jupyter_home):
+    """The instructor's JupyterLab (``make instructor``); its formgrader manages the copy of
+    assessment/ in the scratch folder."""
+    home, env = jupyter_home
+    env = {**env, "WORKSHOP_ASSESSMENT_DIR": str(scratch / "assessment")}
+    lab = start_jupyter_lab("instructor", home, env)
+    yield lab
+    lab.stop()
+    print(f"JupyterLab's log (make instructor):\n{lab.log()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -219,21 +256,32 @@ def browser(chromium_path):
         chromium.close()
 
 
-@pytest.fixture
-def lab_page(browser, jupyter_lab, screenshots, request):
-    """A fresh browser page; its console errors are printed, and a screenshot is saved if
-    the test fails."""
+def new_page(browser, lab, screenshots, request):
+    """A fresh browser page on ``lab``; its console errors are printed, and a screenshot is
+    saved if the test fails."""
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
     console_errors = []
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     failed_before = request.session.testsfailed
-    yield LabPage(page, jupyter_lab, workspace=request.node.name)
+    yield LabPage(page, lab, workspace=request.node.name)
     if request.session.testsfailed > failed_before:
         screenshots.take(page, f"FAILED-{request.node.name}", f"{request.node.name} failed here")
     if console_errors:
         print("browser console errors:\n" + "\n".join(console_errors[-20:]))
     context.close()
+
+
+@pytest.fixture
+def lab_page(browser, jupyter_lab, screenshots, request):
+    """A page of the learner's JupyterLab."""
+    yield from new_page(browser, jupyter_lab, screenshots, request)
+
+
+@pytest.fixture
+def instructor_page(browser, instructor_lab, screenshots, request):
+    """A page of the instructor's JupyterLab."""
+    yield from new_page(browser, instructor_lab, screenshots, request)
 
 
 class LabPage:
@@ -371,15 +419,50 @@ def test_course_opens_with_its_settings_and_no_first_run_noise(lab_page, screens
     toasts = page.locator(".Toastify__toast").all_inner_texts()
     assert toasts == [], f"first-run pop-ups: {toasts}"
     screenshots.take(page, "course-opens", "make lab's JupyterLab: the file browser on "
-                     "notebooks/, no news prompt or other pop-up; the GPU Dashboards and "
-                     "nbgrader entries in the side bars and menu")
+                     "notebooks/, no news prompt or other pop-up; the GPU Dashboards in "
+                     "the side bar, no nbgrader instructor panel")
+
+
+def test_learner_sees_learner_material_only(lab_page, screenshots):
+    """The workspace holds the notebooks and the assessment's release; the repository's
+    assessment/ (source, gradebook), tests/ and the rest are out of the server's reach, and
+    nbgrader's instructor panels are off."""
+    page = lab_page.page
+    lab_page.goto()
+    page.evaluate("window.jupyterapp.commands.execute('filebrowser:go-to-path', {path: '/'})")
+    listing = page.locator(".jp-DirListing-content .jp-DirListing-itemName")
+    page.wait_for_function("() => Array.from(document.querySelectorAll("
+                           "'.jp-DirListing-content .jp-DirListing-itemName'))"
+                           ".some((e) => e.textContent.trim() === 'ddp_refactor')",
+                           timeout=60_000)
+    shown = sorted(name.strip() for name in listing.all_inner_texts())
+    assert "assessment" not in shown and "tests" not in shown, shown
+    assert {"notebooks", "ddp_refactor"} <= set(shown), shown
+    assignment = {item["name"] for item in lab_page.lab.api("api/contents/ddp_refactor")[
+        "content"]}
+    assert assignment == {p.name for p in (REPO / "assessment" / "release" / "ddp_refactor")
+                          .iterdir() if p.suffix in (".py", ".ipynb")
+                          and not p.name.startswith("train_digits")}
+    for path in ("api/contents/assessment/source", "api/contents/tests", "formgrader"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            lab_page.lab.api(path)
+        assert refused.value.code == 404, path
+    plugins = page.evaluate("(ids) => ids.filter((id) => window.jupyterapp.hasPlugin(id))",
+                            INSTRUCTOR_PLUGINS)
+    assert plugins == []
+    assert not page.evaluate("window.jupyterapp.commands.hasCommand("
+                             "'nbgrader:open-formgrader')")
+    assert page.evaluate("window.jupyterapp.hasPlugin('@jupyter/nbgrader:validate-assignment')")
+    screenshots.take(page, "learner-workspace", "make lab's file browser at the top of the "
+                     "learner's workspace: the notebooks and the assessment (ddp_refactor), "
+                     "nothing of the instructor's kit")
 
 
 def test_batch_size_slider_redraws_the_sgd_plot(lab_page, scratch, screenshots):
-    notebook = scratch / "notebooks" / "01_sgd_and_batch_size.ipynb"
+    notebook = scratch / "workspace" / "notebooks" / "01_sgd_and_batch_size.ipynb"
     widget_cell = cell_index(notebook, lambda cell: "widgets.BatchSizeExplorer(" in cell.source)
     page = lab_page.page
-    panel_id = lab_page.open_notebook(notebook.relative_to(REPO).as_posix())
+    panel_id = lab_page.open_notebook(notebook.relative_to(scratch / "workspace").as_posix())
     # Every cell up to the widget's, as a learner who reads down to it.
     lab_page.run_cells(panel_id, range(widget_cell + 1))
 
@@ -450,7 +533,7 @@ def open_dashboard_beside(lab_page, panel_id, chart):
 
 def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, scratch,
                                                                     screenshots):
-    notebook = scratch / "notebooks" / "02_from_one_gpu_to_many.ipynb"
+    notebook = scratch / "workspace" / "notebooks" / "02_from_one_gpu_to_many.ipynb"
     first_cells = [cell_index(notebook, is_parameters), cell_index(notebook, calls_setup)]
     torchrun_cell = cell_index(notebook, lambda cell: cell.source.startswith("%%bash")
                                and "torchrun" in cell.source and "workshop_lib.train_ddp"
@@ -461,7 +544,7 @@ def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, sc
         "framereceived", lambda _: dashboard_updates.append(socket.url.rsplit("/", 1)[-1]))
         if "/nvdashboard/" in socket.url else None)
 
-    panel_id = lab_page.open_notebook(notebook.relative_to(REPO).as_posix())
+    panel_id = lab_page.open_notebook(notebook.relative_to(scratch / "workspace").as_posix())
     # The GPU view loads with or without GPUs; with none, its CPU chart stands in.
     gpus = lab_page.lab.api("nvdashboard/accelerators/check")["ngpus"]
     chart, stream = (("GPU Utilization", "gpu_utilization") if gpus
@@ -501,18 +584,32 @@ def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, sc
                      f"{updates_during} dashboard updates arrived while it ran")
 
 
-def test_learner_sees_the_validate_button(lab_page, scratch, screenshots):
-    notebook = scratch / "assessment" / "release" / "ddp_refactor" / "ddp_refactor.ipynb"
-    panel_id = lab_page.open_notebook(notebook.relative_to(REPO).as_posix())
-    validate = lab_page.page.locator(f"[id='{panel_id}'] .jp-Toolbar .validate-button")
+def test_learner_validates_the_assessment_in_the_workspace(lab_page, scratch, screenshots):
+    """The release's notebook, as a learner opens it: nbgrader's Validate button runs it
+    (with the course's time limits) and reports the tests it fails, the untouched
+    release's NotImplementedError."""
+    panel_id = lab_page.open_notebook("ddp_refactor/ddp_refactor.ipynb")
+    page = lab_page.page
+    validate = page.locator(f"[id='{panel_id}'] .jp-Toolbar .validate-button")
     validate.wait_for(timeout=30_000)
     assert validate.inner_text().strip() == "Validate"
     assert validate.is_enabled()
-    screenshots.take(lab_page.page, "learner-validate", "the assessment notebook as a learner "
-                     "opens it (release/ copy): nbgrader's Validate button in the toolbar")
+    screenshots.take(page, "learner-validate", "the assessment notebook as a learner opens "
+                     "it (the workspace's copy of the release): nbgrader's Validate button")
+    validate.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=CELL_S * 1000)
+    page.wait_for_function(
+        "() => /NotImplementedError|failed/i.test(document.querySelector('.jp-Dialog')"
+        ".textContent) && !/Validating/i.test(document.querySelector('.jp-Dialog')"
+        ".textContent.slice(0, 40))", timeout=CELL_S * 1000)
+    text = dialog.inner_text()
+    screenshots.take(page, "learner-validate-result", "Validate on the untouched release: "
+                     "the tests fail, each saying the script still needs the learner's code")
+    assert "NotImplementedError" in text, text[:2000]
 
 
-def test_instructor_opens_the_formgrader(lab_page, scratch, screenshots):
+def test_instructor_opens_the_formgrader(instructor_page, scratch, screenshots):
     course = scratch / "assessment"
     # Without the course's nbgrader settings the formgrader would take the repository for
     # its course folder and write a gradebook.db into it.
@@ -520,8 +617,11 @@ def test_instructor_opens_the_formgrader(lab_page, scratch, screenshots):
         "the course's nbgrader settings are not installed in this environment: make setup")
     repo_gradebook = REPO / "assessment" / "gradebook.db"
     repo_gradebook_before = repo_gradebook.stat().st_mtime if repo_gradebook.exists() else None
-    page = lab_page.page
-    lab_page.goto()
+    page = instructor_page.page
+    page.goto(f"{instructor_page.lab.url}/?token={instructor_page.lab.token}")
+    page.get_by_text("nbgrader_config.py").first.wait_for(timeout=KERNEL_START_S * 1000)
+    assert page.url.endswith("/lab/tree/assessment"), "make instructor opens on assessment/"
+    instructor_page.goto()
     page.wait_for_function("window.jupyterapp.commands.hasCommand('nbgrader:open-formgrader')",
                            timeout=60_000)
     # The Nbgrader > Formgrader menu entry runs this command.
@@ -531,8 +631,8 @@ def test_instructor_opens_the_formgrader(lab_page, scratch, screenshots):
     assignments = sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
     for name in assignments:
         formgrader.get_by_role("link", name=name, exact=True).wait_for(timeout=60_000)
-    screenshots.take(page, "instructor-formgrader", f"the formgrader (Nbgrader > Formgrader) "
-                     f"for the instructor: Manage Assignments lists {', '.join(assignments)}")
+    screenshots.take(page, "instructor-formgrader", f"make instructor: the formgrader "
+                     f"(Nbgrader > Formgrader) lists {', '.join(assignments)}")
     # It manages the course folder the course's nbgrader settings name: the copy here.
     assert (course / "gradebook.db").exists()
     repo_gradebook_after = repo_gradebook.stat().st_mtime if repo_gradebook.exists() else None
