@@ -576,3 +576,22 @@ def test_grades_export_has_a_column_per_requirement_and_the_verdict():
     assert (rows["bob"]["score"], rows["bob"]["max_score"]) == (9, 12)
     assert rows["bob"]["gradients_averaged_over_ranks"] == 0
     assert list(rows["alice"])[4:-3] == list(ddp_checks.REQUIREMENTS)
+
+
+@pytest.mark.slow
+def test_the_process_layout_asks_torch_not_nvidia_smi(tmp_path, monkeypatch):
+    """nvidia-smi listing four GPUs that PyTorch cannot use must not make a GPU layout."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA A100 (UUID: GPU-{i})'\n"
+                                             for i in range(4)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("PyTorch can use this machine's GPUs: the fake listing stands for GPUs "
+                    "it cannot use")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv(ddp_checks.NPROC_ENV, raising=False)
+    assert ddp_checks.visible_gpus() == 0
+    assert ddp_checks.process_layout() == (ddp_checks.CPU_PROCESSES, False)
