@@ -73,7 +73,8 @@ def digits():
 
 def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
     """Execute ``notebooks/<name>`` with papermill in the CPU profile on the offline dataset,
-    as CI does (on any machine: a GPU workstation's tests pin the CPU profile too).
+    with the exercises' reference solutions, as CI does (on any machine: a GPU
+    workstation's tests pin the CPU profile too).
 
     Runs write under ``runs_dir`` (passed as the ``runs_dir`` parameter), so the test can
     assert on the run records of this very execution. Returns the executed notebook.
@@ -85,7 +86,7 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
     papermill.execute_notebook(
         str(REPO / "notebooks" / name), str(output), kernel_name="python3",
         parameters={"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
-                    **parameters},
+                    "solutions": True, **parameters},
         cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
     )
     return nbformat.read(output, as_version=4)

@@ -73,3 +73,12 @@ def test_the_job_id_is_torchruns_run_id_or_the_agent(monkeypatch):
 
 def test_a_cpu_checkpoint_holds_no_cuda_random_state():
     assert tiny_state("j")["cuda_rng"] is None
+
+
+def test_warmup_from_the_base_rate_as_goyal_et_al():
+    # Scaled 8x: the ramp starts at the unscaled rate (1/8 of the target) and reaches it.
+    start = scaling.warmup_start("base", 0.1, 0.8)
+    ramp = [scaling.lr_factor(step, 4, 10, "constant", start) for step in range(5)]
+    assert ramp[0] == pytest.approx(0.125 + 0.875 / 4) and ramp[3:] == [1.0, 1.0]
+    assert scaling.warmup_start("zero", 0.1, 0.8) == 0.0
+    assert scaling.warmup_start("base", 0.1, 0.1) == 1.0, "nothing scaled: no ramp"

@@ -3,8 +3,6 @@
 Each notebook is executed once (papermill, as CI does); every claim is then checked from
 the run records that execution wrote, and the printed summary against those records.
 """
-import math
-import statistics
 
 import pytest
 
@@ -62,61 +60,36 @@ def sweep(batch_size):
     return same_lr, linear
 
 
-def peak_throughput(run):
-    return max(run.column("samples_per_s"))
-
-
-def test_sweep_covers_half_to_sixteen_times_the_profile_batch(sweep):
+def test_sweep_covers_one_to_sixteen_times_the_profile_batch_with_100_steps(sweep):
     same_lr, linear = sweep
     assert [run.start["global_batch_size"] for run in same_lr] == [
-        SWEEP.batch_size * k // 2 for k in (1, 2, 4, 8, 16, 32)]
-    assert all(len(run.epochs) == SWEEP.epochs for run in same_lr)
+        SWEEP.batch_size * k for k in (1, 2, 4, 8, 16)]
+    epochs = SWEEP.sweep_epochs(16)
+    assert all(len(run.epochs) == epochs for run in same_lr + linear), "one budget for all"
+    largest = same_lr[-1]
+    assert largest.start["steps_per_epoch"] * len(largest.epochs) >= 100
     assert len(linear) == 1 and linear[0].start["global_batch_size"] == 16 * SWEEP.batch_size
     assert linear[0].start["lr"] == pytest.approx(16 * SWEEP.lr)
 
 
-def test_throughput_rises_with_batch_size(sweep):
-    # Measured on an otherwise idle 2-core machine: 2.7x to 6.6x from the smallest batch
-    # to the largest. Other jobs on the same cores flatten it (each run's threads then
-    # wait for each other), so this needs the machine to itself, as CI has it.
-    same_lr, _ = sweep
-    throughputs = [peak_throughput(run) for run in same_lr]
-    assert throughputs[-1] > 1.3 * throughputs[0], throughputs
-    half = len(throughputs) // 2
-    assert statistics.median(throughputs[half:]) > statistics.median(throughputs[:half]), \
-        throughputs
-
-
-def test_large_batch_at_the_same_lr_falls_behind_and_linear_scaling_recovers(sweep):
+def test_the_fixed_epoch_gap_and_the_linear_rule_from_the_records(sweep):
     same_lr, linear = sweep
-    reference = next(run for run in same_lr if run.start["global_batch_size"] == SWEEP.batch_size)
-    largest = same_lr[-1]
-    # Measured: 0.99 at the profile's batch, 0.21 at 16x the batch, 0.92 with linear scaling.
-    assert reference.final["val_acc"] > 0.95
-    assert largest.final["val_acc"] < reference.final["val_acc"] - 0.3
-    assert linear[0].final["val_acc"] > largest.final["val_acc"] + 0.3
+    found = findings.batch_size_sweep(same_lr, linear[0], SWEEP.batch_size)
+    # Measured: batch 512 at the base rate 0.961 against 0.994, training loss 80x higher;
+    # the linear rule 0.992.
+    assert found["gap"].holds, found["gap"].text
+    assert "under-trained" in found["gap"].text
+    assert found["linear_restores"].holds, found["linear_restores"].text
 
 
-def test_highest_throughput_is_not_fastest_to_accuracy(sweep):
-    same_lr, _ = sweep
-    target = math.floor(0.97 * max(run.best_val_acc for run in same_lr) * 100) / 100
-    times = {run.start["global_batch_size"]: runlog.time_to_accuracy(run, target)
-             for run in same_lr}
-    assert times[same_lr[-1].start["global_batch_size"]] is None, times
-    assert times[SWEEP.batch_size] is not None, times
-
-
-def test_batch_size_notebook_summary_and_widget_come_from_this_execution(batch_size, sweep):
+def test_batch_size_notebook_shows_the_exercise_widget_and_computed_summary(batch_size, sweep):
     notebook, _ = batch_size
     same_lr, linear = sweep
     text = notebook_text_outputs(notebook)
-    reference = next(run for run in same_lr if run.start["global_batch_size"] == SWEEP.batch_size)
-    largest = same_lr[-1]
-    gap = reference.final["val_acc"] - largest.final["val_acc"]
-    assert f"the large-batch gap is {gap:.3f}" in text
-    assert f"{peak_throughput(largest):,.0f} samples/s" in text
-    assert f"reached {linear[0].final['val_acc']:.3f} instead of" in text
-    assert "single sample at" in text and "of single-sample steps" in text
+    assert "PASS: my_sgd takes the same" in text, "the reference solution passes the check"
+    for finding in findings.batch_size_sweep(same_lr, linear[0], SWEEP.batch_size):
+        assert finding.text in text
+    assert "single sample ended at loss" in text
     widget_outputs = [out for cell in notebook.cells for out in cell.get("outputs", [])
                       if "application/vnd.jupyter.widget-view+json" in out.get("data", {})]
     assert widget_outputs, "the batch-size widget was not displayed"

@@ -43,6 +43,9 @@ def add_common_args(parser, default_out):
         help="global batch size at which --lr was tuned (default: %(default)s)")
     add("--warmup-epochs", type=float, default=0.0,
         help="epochs of linear learning-rate warmup (default: %(default)s)")
+    add("--warmup-from", default="base", choices=scaling.WARMUP_FROM,
+        help="warmup starts at the unscaled --lr (base, Goyal et al.) or at ~0 "
+             "(default: %(default)s)")
     add("--schedule", default="cosine", choices=scaling.SCHEDULES,
         help="learning rate after warmup: cosine decay to 0, or constant (default: %(default)s)")
     add("--optimizer", default="sgd", choices=optim.OPTIMIZERS,

@@ -49,16 +49,17 @@ class DatasetInfo:
     in_channels: int
     image_size: int
     num_classes: int
+    train_size: int
     description: str
 
 
 DATASETS = {
     "fashion-mnist": DatasetInfo(
-        "fashion-mnist", 1, 28, 10,
+        "fashion-mnist", 1, 28, 10, 60_000,
         "Fashion-MNIST, 60,000 train / 10,000 validation 28x28 images (torchvision)",
     ),
     "digits": DatasetInfo(
-        "digits", 1, 8, 10,
+        "digits", 1, 8, 10, 1_438,
         "scikit-learn handwritten digits, 1,438 train / 359 validation 8x8 images (offline)",
     ),
 }

@@ -288,3 +288,181 @@ def worked_example_table(rows):
         "accuracy": ("val acc", ".4f"), "delta_pp": ("delta pp", "+.2f"),
         "source_epoch": ("source: per epoch", ""), "source_speedup": ("source: speed-up", ""),
         "source_delta": ("source: accuracy", "")})
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 01
+
+
+GAP_PP = 1.0           # an accuracy difference smaller than this is no gap (digits: 3 samples)
+UNDERTRAINED = 2.0     # a training loss this many times the reference's: under-trained
+RECOVERED = 0.5        # a rule "restores" accuracy when it wins back this share of the gap
+
+
+def toy(runs, problem):
+    """The SGD toy: per-epoch progress and noise of full batch, mini-batch, one sample."""
+    best = problem.loss(*problem.best_params())
+    full, *_, single = runs
+    return Findings([Finding(
+        "toy", f"Toy, {full.epochs[-1]:.0f} epochs at lr {full.lr:g}: "
+               + ", ".join(f"{run.label} ended at loss {run.final_loss:.3f}" for run in runs)
+               + f" (best possible {best:.3f}); the loss rose after "
+               + ", ".join(f"{run.noisiness():.0%} of {run.label} steps" for run in runs) + ".",
+        holds=single.final_loss < full.final_loss)])
+
+
+def peak_samples_per_s(run):
+    return max(run.column("samples_per_s"))
+
+
+def fixed_epoch_gap(reference, large):
+    """Same learning rate, same epochs: what k times the batch did to steps, loss, accuracy."""
+    k = large.start["global_batch_size"] // reference.start["global_batch_size"]
+    steps = [run.start["steps_per_epoch"] * len(run.epochs) for run in (reference, large)]
+    gap_pp = 100 * (reference.final["val_acc"] - large.final["val_acc"])
+    loss_ratio = large.final["train_loss"] / reference.final["train_loss"]
+    said = (f"At the same learning rate and {len(large.epochs)} epochs, batch "
+            f"{large.start['global_batch_size']} took {steps[1]} optimizer steps against "
+            f"{steps[0]} for batch {reference.start['global_batch_size']} ({k}x fewer): its "
+            f"training loss ended {loss_ratio:.1f}x higher and its validation accuracy "
+            f"{gap_pp:.1f} pp lower ({large.final['val_acc']:.3f} against "
+            f"{reference.final['val_acc']:.3f}). ")
+    if gap_pp >= GAP_PP and loss_ratio >= UNDERTRAINED:
+        said += (f"A gap (>= {GAP_PP} pp) of an under-trained model (training loss >= "
+                 f"{UNDERTRAINED:g}x): at a fixed budget of epochs the large batch lacks steps.")
+    elif gap_pp >= GAP_PP:
+        said += f"A gap (>= {GAP_PP} pp) with a training loss as low: not under-training."
+    else:
+        said += f"No accuracy gap at this budget (under {GAP_PP} pp)."
+    return Finding("gap", said, holds=gap_pp >= GAP_PP)
+
+
+def rule_restores(reference, large, scaled, rule="linear"):
+    """Whether the learning-rate ``rule`` at the large batch wins back the gap."""
+    gap = reference.final["val_acc"] - large.final["val_acc"]
+    won = scaled.final["val_acc"] - large.final["val_acc"]
+    share = won / gap if gap > 0 else float("nan")
+    holds = gap > 0 and share >= RECOVERED
+    return Finding(f"{rule}_restores", (
+        f"With the {rule} rule (lr {scaled.start['lr']:g}) batch "
+        f"{scaled.start['global_batch_size']} ended at {scaled.final['val_acc']:.3f}: "
+        + (f"{share:.0%} of the gap won back (the bar: {RECOVERED:.0%})." if gap > 0 else
+           "there was no gap to win back.")), holds=holds)
+
+
+def time_to_accuracy(runs, target_fraction=0.97):
+    """Which batch reached a target accuracy in the least training time."""
+    target = round(target_fraction * max(run.best_val_acc for run in runs), 2)
+    times = {run.start["global_batch_size"]: runlog.time_to_accuracy(run, target)
+             for run in runs}
+    reached = {batch: t for batch, t in times.items() if t is not None}
+    fastest = min(reached, key=reached.get) if reached else None
+    busiest = max(runs, key=peak_samples_per_s).start["global_batch_size"]
+    never = [str(b) for b, t in times.items() if t is None]
+    return Findings([Finding(
+        "time_to_accuracy",
+        (f"Time to {target:.2f} validation accuracy: batch {fastest} was fastest "
+         f"({reached[fastest]:.2f} s of training); the highest throughput was batch "
+         f"{busiest}'s" + (f"; batch {', '.join(never)} never got there" if never else "")
+         + ".") if fastest else f"No batch reached {target:.2f}.",
+        holds=fastest is not None and fastest != busiest)]), times, target
+
+
+def batch_size_sweep(same_lr, linear, reference_batch):
+    """Notebook 01's real-model sweep: ``same_lr`` runs sorted by batch, ``linear`` the
+    largest batch with the linear rule."""
+    reference = next(r for r in same_lr if r.start["global_batch_size"] == reference_batch)
+    smallest, largest = same_lr[0], same_lr[-1]
+    ratio = peak_samples_per_s(largest) / peak_samples_per_s(smallest)
+    found = Findings([Finding(
+        "throughput", f"Throughput: batch {largest.start['global_batch_size']} trained at "
+                      f"{peak_samples_per_s(largest):,.0f} samples/s, {ratio:.1f}x batch "
+                      f"{smallest.start['global_batch_size']}'s "
+                      f"{peak_samples_per_s(smallest):,.0f}.", holds=ratio > 1),
+        fixed_epoch_gap(reference, largest)])
+    if linear is not None:
+        found.append(rule_restores(reference, largest, linear))
+    return found + time_to_accuracy(same_lr)[0]
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 03
+
+
+def _rescue(name, what, broken, rescued, reference):
+    """Whether ``rescued`` wins back at least RECOVERED of what ``broken`` lost against
+    ``reference``."""
+    lost = reference.final["val_acc"] - broken.final["val_acc"]
+    won = rescued.final["val_acc"] - broken.final["val_acc"]
+    holds = lost > 0 and won >= RECOVERED * lost
+    return Finding(name, f"{what}: {rescued.final['val_acc']:.3f} (lr "
+                         f"{rescued.start['lr']:.3g}); "
+                   + (f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})."
+                      if lost > 0 else "nothing was lost to win back."), holds=holds)
+
+
+def accuracy_at_scale(base, hot, hot_factor):
+    """Notebook 03's sweeps: ``base`` and ``hot`` map run names to Runs (the same epochs,
+    seed and large batch; ``hot`` from a base rate ``hot_factor`` times larger)."""
+    small, large = base["small"], base["large_same_lr"]
+    found = Findings([
+        Finding("budget", f"Every run below: {len(small.epochs)} epochs, seed "
+                          f"{small.start['args']['seed']}, batch "
+                          f"{small.start['global_batch_size']} (small) or "
+                          f"{large.start['global_batch_size']} (large, "
+                          f"{large.start['steps_per_epoch'] * len(large.epochs)} steps)."),
+        fixed_epoch_gap(small, large),
+        rule_restores(small, large, base["large_linear"], "linear"),
+        rule_restores(small, large, base["large_sqrt"], "sqrt"),
+    ])
+    hot_small, broken = hot["small"], hot["large_linear"]
+    fine = hot_small.final["val_acc"] >= small.final["val_acc"] - GAP_PP / 100
+    found.append(Finding("hot_small", f"A base rate {hot_factor:g}x larger "
+                                      f"({hot_small.start['lr']:.3g}) at the small batch: "
+                                      f"{hot_small.final['val_acc']:.3f}, "
+                         + ("as good as the base rate (within the gap bar)." if fine else
+                            "already worse than the base rate: it is too hot even there."),
+                         holds=fine))
+    drop_pp = 100 * (hot_small.final["val_acc"] - broken.final["val_acc"])
+    breaks = drop_pp >= GAP_PP
+    found.append(Finding("linear_breaks", f"Scaled linearly from it (lr "
+                                          f"{broken.start['lr']:.3g}): "
+                                          f"{broken.final['val_acc']:.3f}, {drop_pp:.1f} pp "
+                                          f"below the small batch at that rate: "
+                         + ("the linear rule breaks here." if breaks else
+                            f"within {GAP_PP} pp, so it does not break at this budget."),
+                         holds=breaks))
+    for key, what in (("large_linear_warmup", "Gradual warmup from the base rate"),
+                      ("large_sqrt", "The square-root rule"),
+                      ("large_lars", "LARS at the linear rate")):
+        found.append(_rescue(f"hot_{key.removeprefix('large_')}", what, broken, hot[key],
+                             hot_small))
+    return found
+
+
+def batchnorm(equivalence):
+    """N ranks x batch b against one process with batch N x b, with and without BatchNorm
+    (``python -m workshop_lib.equivalence``'s result)."""
+    if equivalence is None:
+        return Findings([skipped("batchnorm", "comparing ranks with one process needs two "
+                                              "ranks or more; this execution ran one.")])
+    diff = equivalence["max_abs_difference"]
+    tolerance = 1e-5
+    found = Findings([Finding(
+        "bn_free", f"Without BatchNorm, {equivalence['world_size']} ranks x batch "
+                   f"{equivalence['batch_size']} and one process x batch "
+                   f"{equivalence['world_size'] * equivalence['batch_size']} end "
+                   f"{diff['bn_free']:.1e} apart after {equivalence['steps']} steps: the same "
+                   f"(float rounding, under {tolerance:.0e}).", holds=diff["bn_free"] < tolerance),
+        Finding("batchnorm", f"With BatchNorm they end {diff['batchnorm']:.1e} apart: each rank "
+                             f"normalises with its own {equivalence['batch_size']} samples' "
+                             f"statistics, so a DDP job is not one process with the global "
+                             f"batch.", holds=diff["batchnorm"] >= tolerance)])
+    if "sync_batchnorm" in diff:
+        found.append(Finding("sync_batchnorm", f"With SyncBatchNorm: {diff['sync_batchnorm']:.1e}"
+                                               f" apart: the global batch's statistics again.",
+                             holds=diff["sync_batchnorm"] < tolerance))
+    else:
+        found.append(skipped("sync_batchnorm", "SyncBatchNorm needs CUDA tensors; on GPUs this "
+                                               "cell shows it matching one process."))
+    return found

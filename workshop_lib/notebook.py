@@ -43,3 +43,10 @@ def fresh(folder):
     (an old checkpoint there would otherwise look like one to resume from)."""
     shutil.rmtree(folder, ignore_errors=True)
     return str(folder)
+
+
+def export(**values):
+    """Put a notebook's own values in the environment for its ``%%bash`` cells (and say
+    which): ``notebook.export(SWEEP_EPOCHS=34)`` makes ``$SWEEP_EPOCHS`` available."""
+    os.environ.update({name: str(value) for name, value in values.items()})
+    print(" ".join(f"{name}={value}" for name, value in values.items()))

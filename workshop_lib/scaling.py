@@ -8,8 +8,10 @@ global batch grows k-fold:
 - ``sqrt``: multiply by sqrt(k), which keeps the gradient-noise scale constant; safer
   when linear scaling diverges.
 
-Warmup raises the rate linearly over the first epochs, from ``1/warmup_steps`` of the
-target to the target, because the linear rule's large early steps are what diverge.
+Warmup raises the rate linearly over the first epochs, because the linear rule's large
+early steps are what diverge. Goyal et al.'s gradual warmup starts from the small-batch
+rate (the unscaled ``--lr``) and reaches the scaled one after the warmup epochs
+(``--warmup-from base``, the default); ``--warmup-from zero`` starts from ~0 instead.
 After warmup the ``cosine`` schedule decays the rate to zero by the last step, so the
 final accuracy is not the noise of a large constant step; ``constant`` keeps it.
 """
@@ -31,10 +33,20 @@ def scaled_lr(lr, rule, global_batch_size, ref_batch_size):
     raise ValueError(f"unknown scaling rule {rule!r}; choose one of {SCALING_RULES}")
 
 
-def lr_factor(step, warmup_steps, total_steps, schedule="cosine"):
-    """Multiplier for the learning rate at optimizer step ``step`` (0-based)."""
+WARMUP_FROM = ("base", "zero")
+
+
+def warmup_start(warmup_from, base_lr, scaled_lr):
+    """The factor of the scaled rate that warmup starts from: the base rate's share of it
+    (``base``, Goyal et al.), or 0 (``zero``)."""
+    return min(1.0, base_lr / scaled_lr) if warmup_from == "base" else 0.0
+
+
+def lr_factor(step, warmup_steps, total_steps, schedule="cosine", start=0.0):
+    """Multiplier for the learning rate at optimizer step ``step`` (0-based): a linear ramp
+    from ``start`` to 1 over ``warmup_steps``, then the schedule."""
     if step < warmup_steps:
-        return (step + 1) / warmup_steps
+        return start + (1 - start) * (step + 1) / warmup_steps
     if schedule == "constant" or step >= total_steps:
         return 1.0 if schedule == "constant" else 0.0
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)

@@ -147,12 +147,14 @@ def fit(args, device, rank, world_size):
     steps_per_epoch = math.ceil(len(train_loader) / args.accumulate)
     lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch_size, args.lr_ref_batch)
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    warmup_from = scaling.warmup_start(args.warmup_from, args.lr, lr)
     optimizer = optim.build(args.optimizer, model.parameters(), lr, args.momentum,
                             args.weight_decay)
     precision = Precision(args.amp, device)
     total_steps = args.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule))
+        optimizer, lambda step: scaling.lr_factor(step, warmup_steps, total_steps, args.schedule,
+                                                  warmup_from))
     start_epoch = 1
     # After an elastic restart (torchrun --max-restarts), continue from this job's last
     # checkpoint; one that an earlier run left in --out is not this job's to load.

@@ -183,8 +183,8 @@ class Run:
             if record is None:
                 return f"rank {rank} finished without reporting what it did."
             if not record["data_loaded"]:
-                return ("the script never called digits_data.load_data(): keep loading "
-                        "the data with it.")
+                return ("the script never called load_data(): keep loading the data "
+                        "with it.")
         return None
 
     @property

@@ -6,7 +6,8 @@
 
 Each patcher below records one thing and returns the function that undoes it:
 
-- ``digits_data.load_data``: which datasets are the training and the validation set;
+- ``digits_data.load_data`` (or the data module DDP_RECORDER_DATA_MODULE names): which
+  datasets are the training and the validation set;
 - three private methods of torch's DataLoader iterators: the sample indices of every batch
   that a DataLoader over those sets hands out (pinned by the assessment's fast tests at the
   torch version in use);
@@ -43,6 +44,7 @@ from pathlib import Path
 REPLAY_STEPS = 3  # the first optimizer steps replayed in one process
 PEER_WAIT_S = 30  # how long rank 0 waits for another rank's record of its first steps
 METRIC_LINE = re.compile(r"val_(acc|loss)")  # a line of the per-epoch table
+DATA_MODULE_ENV = "DDP_RECORDER_DATA_MODULE"
 KEPT_SAVES = 4  # the last torch.save calls into OUT_DIR kept, for the checkpoint check
 
 
@@ -59,10 +61,16 @@ def record_file(evidence_dir, rank):
 # --------------------------------------------------------------------------------------
 
 def patch_load_data(recorder):
-    """Remember the datasets load_data() returns: the training and the validation set."""
-    import digits_data
+    """Remember the datasets load_data() returns: the training and the validation set.
 
-    original = digits_data.load_data
+    The module holding ``load_data`` is ``digits_data`` (the assessment's), or the one the
+    environment variable ``DDP_RECORDER_DATA_MODULE`` names (the workshop's notebook 02
+    exercise reuses this recorder with its own data).
+    """
+    import importlib
+
+    module = importlib.import_module(os.environ.get(DATA_MODULE_ENV, "digits_data"))
+    original = module.load_data
 
     def load_data(*args, **kwargs):
         train_set, val_set = original(*args, **kwargs)
@@ -70,8 +78,8 @@ def patch_load_data(recorder):
         recorder.splits = {id(train_set): "train", id(val_set): "val"}
         return train_set, val_set
 
-    digits_data.load_data = load_data
-    return lambda: setattr(digits_data, "load_data", original)
+    module.load_data = load_data
+    return lambda: setattr(module, "load_data", original)
 
 
 def _dataset_indices(dataset):

@@ -1,0 +1,114 @@
+"""Is N processes x batch b the same as one process with batch N x b? (notebook 03)
+
+DDP averages the gradients of the ranks' batches, which is the gradient of the global
+batch, so the same steps follow, with one exception: BatchNorm. A BatchNorm layer
+normalises with the statistics of the batch it sees, and under DDP each rank sees only
+its own b samples. So a model with BatchNorm trains differently on N ranks than on one
+process with the global batch, unless its layers are SyncBatchNorm, which computes the
+statistics over all ranks (CUDA only). Measured here, in one torchrun launch: K steps of
+DDP on each rank's batch against K steps of one process (rank 0) on the ranks' batches put
+together, for the course CNN without BatchNorm, with it, and (on GPUs) with SyncBatchNorm.
+
+    torchrun --standalone --nproc-per-node=2 -m workshop_lib.equivalence --out eq.json
+"""
+import copy
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+
+from workshop_lib import cli, data, distributed, hardware, models
+from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
+
+STEPS, LR = 10, 0.05
+
+
+def make_model(info, variant, device):
+    """The course CNN (narrow): "bn_free", "batchnorm", or "sync_batchnorm"."""
+    torch.manual_seed(0)
+    model = models.SmallCNN(info.in_channels, info.num_classes, width=16,
+                            batch_norm=variant != "bn_free")
+    if variant == "sync_batchnorm":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model.to(device)
+
+
+def batches(train_set, rank, world_size, batch_size, device):
+    """This rank's batches, and (for the single process) every rank's, step by step."""
+    x, y = train_set.tensors
+    per_rank = []
+    for r in range(world_size):
+        order = list(DistributedSampler(train_set, world_size, r, seed=0))
+        per_rank.append([torch.tensor(order[s * batch_size:(s + 1) * batch_size])
+                         for s in range(STEPS)])
+    mine = [(x[i].to(device), y[i].to(device)) for i in per_rank[rank]]
+    union = [(x[torch.cat(step)].to(device), y[torch.cat(step)].to(device))
+             for step in zip(*per_rank, strict=True)]
+    return mine, union
+
+
+def train(model, steps):
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for x, y in steps:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def compare(variant, info, mine, union, device):
+    """Largest parameter difference after STEPS steps: DDP against one process."""
+    model = make_model(info, variant, device)
+    single = copy.deepcopy(model)
+    distributed_model = train(DDP(model, device_ids=[device] if device.type == "cuda"
+                                  else None), mine).module
+    difference = torch.zeros((), device=device)
+    if dist.get_rank() == 0:
+        single = train(single if variant != "sync_batchnorm" else
+                       torch.nn.SyncBatchNorm.revert_sync_batchnorm(single), union)
+        difference = max((a - b).abs().max() for a, b in
+                         zip(distributed_model.parameters(), single.parameters(), strict=True))
+    return difference.item()
+
+
+def measure(batch_size, device):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    train_set, _, info = data.load("digits")
+    mine, union = batches(train_set, rank, world_size, batch_size, device)
+    variants = ["bn_free", "batchnorm"] + (["sync_batchnorm"] if device.type == "cuda" else [])
+    return {"world_size": world_size, "batch_size": batch_size, "steps": STEPS,
+            "device": str(device),
+            "max_abs_difference": {v: compare(v, info, mine, union, device) for v in variants}}
+
+
+@record_errors
+@exit_cleanly_on_course_error
+def main(argv=None):
+    parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.equivalence",
+                                description=__doc__)
+    parser.add_argument("--batch-size", type=int, default=16, help="per process")
+    parser.add_argument("--device", default="auto", type=hardware.device_flag)
+    parser.add_argument("--out", help="write the result as JSON to this file (rank 0)")
+    args = parser.parse_args(argv)
+    if "LOCAL_RANK" not in os.environ:
+        raise CourseError("equivalence runs under torchrun: torchrun --standalone "
+                          "--nproc-per-node=2 -m workshop_lib.equivalence")
+    local_rank, local_world_size = int(os.environ["LOCAL_RANK"]), \
+        int(os.environ["LOCAL_WORLD_SIZE"])
+    device = hardware.pick_device(args.device, local_rank, local_world_size)
+    hardware.configure_cpu_threads(device)
+    with distributed.process_group(hardware.backend_for(device), device=device):
+        result = measure(args.batch_size, device)
+        if dist.get_rank() == 0:
+            print(json.dumps(result, indent=1))
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

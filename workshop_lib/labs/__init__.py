@@ -1,0 +1,95 @@
+"""The workshop's exercises: what the learner writes, and the check that judges what it did.
+
+Each notebook's exercise cells hold a stub the learner replaces; the cell after it calls
+``labs.check(key, answer)``, which runs or inspects the learner's work and prints PASS or
+NOT YET with the reason. A check judges behaviour (what the code did, what a launched job
+did), never the text of the answer. Every check fails on its stub with a stated reason and
+passes on the reference solution:
+
+    python -m workshop_lib.labs check     # proves it for every exercise (CI runs it)
+    python -m workshop_lib.labs list
+
+Reference solutions are the learner's to use when stuck: ``labs.show_solution(key)``
+prints one; with ``solutions = True`` in a notebook's parameters cell (papermill in CI
+sets it) the exercise cells use them. (The assessment's solution is not here: it stays
+with the instructor.)
+
+Exercises, by notebook: ``welcome`` (00), ``sgd`` (01), ``sampler``, ``conversion`` and
+``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04).
+"""
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a check found: ``ok``, and the reason (what to do next when not ok)."""
+
+    ok: bool
+    reason: str
+    details: dict = field(default_factory=dict)
+
+    def show(self):
+        print(("PASS: " if self.ok else "NOT YET: ") + self.reason)
+        return self
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(("PASS: " if self.ok else "NOT YET: ") + self.reason)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    key: str
+    notebook: str        # the notebook whose cells hold it
+    title: str
+    check: Callable      # check(answer, **context) -> Verdict
+    stub: Callable       # stub(**context) -> the answer the committed notebook holds
+    solution: Callable   # solution(**context) -> the reference answer
+    stub_reason: str     # words the check's reason must contain for the stub
+    context: Callable = dict  # context() -> what the three need, for `labs check`
+
+
+EXERCISES = {}
+
+
+def register(exercise):
+    EXERCISES[exercise.key] = exercise
+    return exercise
+
+
+def _load():
+    """Import every exercise module (each registers its exercises)."""
+    from workshop_lib.labs import (  # noqa: F401
+        challenge,
+        conversion,
+        debugging,
+        from_scratch,
+        sampler,
+        sgd,
+        welcome,
+    )
+    return EXERCISES
+
+
+def get(key):
+    exercises = _load()
+    if key not in exercises:
+        raise KeyError(f"no exercise {key!r}; there are: {', '.join(exercises)}")
+    return exercises[key]
+
+
+def check(key, answer, **context):
+    """Judge ``answer`` for exercise ``key``, print the verdict, return it."""
+    return get(key).check(answer, **context).show()
+
+
+def solution(key, **context):
+    """The reference answer for exercise ``key``."""
+    return get(key).solution(**context)
+
+
+def show_solution(key):
+    """Print the reference solution's source, for a learner who is stuck."""
+    answer = get(key).solution
+    print(inspect.getsource(answer))

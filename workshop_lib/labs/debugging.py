@@ -1,0 +1,62 @@
+"""Notebook 04, "Debug this job": a DDP script that hangs; the learner finds why and fixes it.
+
+``files/debug_job.py`` trains, evaluates after each epoch and saves a checkpoint from rank
+0, and stops making progress at the end of its first epoch. The learner reads the
+launcher's summary, reruns it with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, dumps the stuck
+ranks' stacks (``Job.dump_stacks()``, py-spy), and writes the fixed script. The check runs
+the learner's script on two processes: it must finish, and the accuracy it reports must
+cover the whole validation set (a "fix" that drops the all-reduce finishes too, but
+reports one rank's share).
+"""
+import io
+import tempfile
+from pathlib import Path
+
+from workshop_lib import data, launch, runlog
+from workshop_lib.labs import Exercise, Verdict, register
+
+FILES = Path(__file__).resolve().parent / "files"
+DIST_TIMEOUT_S, LIMIT_S = 20, 120
+
+
+def run_job(path, out, env=None):
+    """Launch the job ``path`` on two CPU processes; its LaunchResult."""
+    return launch.run([str(Path(path).resolve()), "--out", str(out), "--dist-timeout",
+                       str(DIST_TIMEOUT_S)], nproc=2, timeout=LIMIT_S, quiet=True,
+                      stream=io.StringIO(), env={"CUDA_VISIBLE_DEVICES": "", **(env or {})})
+
+
+def check(path):
+    path = Path(path)
+    if not path.is_file():
+        return Verdict(False, f"{path} does not exist: run the %%writefile cell first")
+    out = Path(tempfile.mkdtemp(prefix="lab-debugging-"))
+    result = run_job(path, out)
+    if not result.ok:
+        return Verdict(False, f"the job still fails after {result.seconds:.0f} s: "
+                              f"{result.summary().strip()} A rank that waits in a collective "
+                              f"until the timeout is waiting for a rank that never calls it")
+    _, val_set, _ = data.load("digits")
+    reported = out / "result.json"
+    if not reported.is_file():
+        return Verdict(False, "the job finished but rank 0 wrote no result.json: keep the end "
+                              "of the script as it was")
+    samples = runlog.load_json(reported)["val_samples"]
+    if samples != len(val_set):
+        return Verdict(False, f"the job finishes, but its accuracy covers {samples} of the "
+                              f"{len(val_set)} validation samples: every rank must add its "
+                              f"sums in (the all-reduce), only the printing is rank 0's")
+    return Verdict(True, f"the job finishes in {result.seconds:.0f} s and reports the global "
+                         f"accuracy over all {samples} validation samples")
+
+
+def copy(name, path=None):
+    path = Path(path) if path else Path(tempfile.mkdtemp(prefix="lab-")) / "my_debug_job.py"
+    path.write_text((FILES / name).read_text())
+    return path
+
+
+register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hanging DDP job",
+                  check=check, stub=lambda path=None: copy("debug_job.py", path),
+                  solution=lambda path=None: copy("debug_job_fixed.py", path),
+                  stub_reason="still fails"))

@@ -1,0 +1,74 @@
+"""Notebook 00, "Watch your first job": record what each process of the first run did.
+
+While the first DDP run trains, the learner watches it (the GPU dashboard or
+``nvidia-smi -l 1`` on GPUs, ``top`` on a CPU machine, and the run's own start-up lines)
+and fills in what they saw. The check compares each entry with the run's record.
+"""
+import math
+
+from workshop_lib import data, runlog
+from workshop_lib.labs import Exercise, Verdict, register
+
+FIELDS = {
+    "processes": "how many processes trained (one '[rank r/N]' line each; one python "
+                 "process each in top or nvidia-smi)",
+    "device_type": "what each process trained on: 'cpu' or 'cuda'",
+    "samples_per_rank": "training samples each rank drew per epoch ('samples=' in its line)",
+    "global_batch": "samples per optimizer step over all ranks ('global_batch_size=')",
+}
+
+
+def observed_in(run):
+    """What the run's record says for each field."""
+    train_set, _, _ = data.load(run.start["dataset"])
+    world = run.start["world_size"]
+    return {"processes": world,
+            "device_type": run.start["device"].split(":")[0],
+            "samples_per_rank": math.ceil(len(train_set) / world),
+            "global_batch": run.start["global_batch_size"]}
+
+
+def stub(run=None):
+    return dict.fromkeys(FIELDS)
+
+
+def solution(run):
+    return observed_in(run)
+
+
+def check(observed, run):
+    if not isinstance(observed, dict):
+        return Verdict(False, "observed should be the dict of the cell above")
+    missing = [key for key in FIELDS if observed.get(key) is None]
+    if missing:
+        return Verdict(False, f"fill in what you saw: {', '.join(missing)} is still None "
+                              f"({FIELDS[missing[0]]})")
+    expected = observed_in(run)
+    wrong = [key for key in FIELDS if str(observed[key]).lower() != str(expected[key])]
+    if wrong:
+        return Verdict(False, "; ".join(f"{key}: you wrote {observed[key]!r}, the run's record "
+                                        f"says {expected[key]!r}" for key in wrong)
+                       + ". Read the start-up lines the run printed")
+    return Verdict(True, f"{expected['processes']} process(es) on {expected['device_type']}, "
+                         f"{expected['samples_per_rank']} samples each per epoch, a global "
+                         f"batch of {expected['global_batch']}: that is what the job did")
+
+
+def context():
+    """A short real run to judge against, for `python -m workshop_lib.labs check`."""
+    import contextlib
+    import io
+    import tempfile
+
+    from workshop_lib import train
+
+    out = tempfile.mkdtemp(prefix="lab-welcome-")
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.main(["--device", "cpu", "--dataset", "digits", "--epochs", "1", "--no-progress",
+                    "--out", out])
+    return {"run": runlog.read(out)}
+
+
+register(Exercise("welcome", "00_welcome", "record what each process of the first run did",
+                  check=check, stub=stub, solution=solution, stub_reason="fill in what you saw",
+                  context=context))
