@@ -286,7 +286,7 @@ def test_a_script_that_never_loads_the_data_fails_every_check(run):
         record["data_loaded"] = False
     for grade_id in ddp_checks.REQUIREMENTS:
         assert check(grade_id, run) == ("FAIL: the script never called "
-                                        "digits_data.load_data(): keep loading the data "
+                                        "load_data(): keep loading the data "
                                         "with it.")
 
 
