@@ -88,3 +88,25 @@ def plot_allreduce_bandwidth(bench, ax=None):
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return ax
+
+
+def plot_accuracy_vs_time(groups, ax=None, title="validation accuracy against training time"):
+    """One colour per group of runs (``{label: [Run, ...]}``, e.g. the seeds of one set-up):
+    validation accuracy after each epoch against the training time so far (``epoch_s``
+    summed: evaluation and start-up left out, as time to accuracy counts them)."""
+    ax = _axes(ax)
+    for colour, (label, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"],
+                                     groups.items(), strict=False):
+        for i, run in enumerate(runs):
+            seconds, total = [], 0.0
+            for epoch_s in run.column("epoch_s"):
+                total += epoch_s
+                seconds.append(total)
+            ax.plot(seconds, run.column("val_acc"), marker="o", markersize=3, color=colour,
+                    alpha=0.8, label=label if i == 0 else None)
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
