@@ -3,6 +3,7 @@
 #   make instructor JupyterLab on the whole repository, with nbgrader's formgrader
 #   make test       set up (first time only) and run the whole test suite
 #   make test-fast  the tests that start no processes (under a minute): everyday work
+#   make check-labs every exercise's check fails its stub and passes its solution
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab instructor test test-fast gpu-check doctor lint html bench clean
+.PHONY: setup lab instructor test test-fast check-labs gpu-check doctor lint html bench clean
 
 setup: $(STAMP)
 
@@ -63,13 +64,18 @@ html: setup
 	$(BIN)/jupyter nbconvert --to html --output-dir build/html build/executed/*.ipynb
 
 test: setup
-	$(BIN)/ruff check workshop_lib tests assessment jupyter
+	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
 	$(BIN)/python -m pytest
 
 # No torchrun, spawned ranks, papermill, nbgrader or browser: the logic, in seconds.
 test-fast: setup
-	$(BIN)/ruff check workshop_lib tests assessment jupyter
+	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
 	$(BIN)/python -m pytest -m "not slow" -q
+
+# Every exercise's check fails its stub and passes its reference solution (make test runs
+# it too, in tests/test_labs.py).
+check-labs: setup
+	$(BIN)/python -m workshop_lib.labs check
 
 # The instructor's check of a GPU workstation image: GPU-marked tests, every notebook with
 # the GPU profile, the quick bench; the report goes to build/gpu-check/.
@@ -84,7 +90,7 @@ doctor: setup
 	$(BIN)/python -m workshop_lib doctor
 
 lint: setup
-	$(BIN)/ruff check workshop_lib tests assessment jupyter
+	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
 
 clean:
 	rm -rf $(VENV) runs notebooks/runs .pytest_cache

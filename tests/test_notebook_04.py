@@ -51,6 +51,14 @@ def test_a_second_execution_in_the_same_folder_gives_the_same_outcomes(execution
     assert second_run.column("epoch") == [1, 2, 3]
 
 
+def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(executions):
+    _, _, text = executions[0]
+    assert "===== rank 0" in text and "===== rank 1" in text, "each stuck rank's stack"
+    assert "Timed out waiting" in text, "the stuck job ends at its collective timeout"
+    assert "Detected mismatch between collectives" in text, "TORCH_DISTRIBUTED_DEBUG=DETAIL"
+    assert "PASS: the job finishes" in text
+
+
 def test_summary_is_computed_and_torchrun_internals_stay_out(executions):
     results, restarted, text = executions[0]
     for finding in findings.failures(results, 2, HANG_TIMEOUT_S, restarted):

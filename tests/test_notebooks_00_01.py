@@ -41,13 +41,14 @@ def test_welcome_first_run_is_a_learning_ddp_run_and_the_summary_reads_it(welcom
     run = runlog.read(runs_dir / "first_run")
     assert run.start["world_size"] == WELCOME.nproc and run.start["backend"] == "gloo"
     assert run.start["global_batch_size"] == WELCOME.nproc * WELCOME.batch_size
-    assert len(run.epochs) == 2 and run.end is not None
+    assert len(run.epochs) == 3 and run.end is not None
     found = findings.welcome(run, WELCOME, num_classes=10)
     assert found["learned"].holds, found["learned"].text
-    # Measured 0.97 after two epochs; ten classes, so guessing scores 0.10.
-    assert run.final["val_acc"] > 0.8
+    # Measured 0.93 after three epochs; ten classes, so guessing scores 0.10.
+    assert run.final["val_acc"] > 0.7
     text = notebook_text_outputs(notebook)
     assert all(finding.text in text for finding in found)
+    assert "PASS: 2 process(es) on cpu" in text, "the observation exercise's reference"
 
 
 @pytest.fixture(scope="module")

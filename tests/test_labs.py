@@ -1,0 +1,66 @@
+"""The exercises: each notebook holds its exercise's stub as the library has it, and every
+check fails its stub with the stated reason and passes its reference solution."""
+import ast
+import re
+
+import nbformat
+import pytest
+
+from conftest import REPO, run_course_command
+from workshop_lib import labs
+from workshop_lib.labs import challenge, sampler, welcome
+
+EXERCISES = labs._load()
+FILES = REPO / "workshop_lib" / "labs" / "files"
+
+
+def cells(notebook):
+    path = next((REPO / "notebooks").glob(f"{notebook}.ipynb"))
+    return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+def test_at_least_six_exercises_across_the_first_five_notebooks():
+    assert len(EXERCISES) >= 6
+    assert {e.notebook[:2] for e in EXERCISES.values()} >= {"00", "01", "02", "03", "04"}
+
+
+@pytest.mark.parametrize("key", sorted(EXERCISES))
+def test_each_notebook_checks_its_exercise_and_offers_the_solution(key):
+    sources = "\n".join(cells(EXERCISES[key].notebook))
+    assert re.search(rf'labs\.check\("{key}"', sources), f"no check cell for {key}"
+    assert re.search(rf'labs\.solution\("{key}"', sources), f"no solutions switch for {key}"
+
+
+@pytest.mark.parametrize("key,stub,marker", [
+    ("conversion", "conversion_stub.py", "%%writefile my_train_ddp.py\n"),
+    ("from_scratch", "from_scratch_stub.py", "%%writefile my_naive_ddp.py\n"),
+    ("debugging", "debug_job.py", "%%writefile my_debug_job.py\n"),
+    ("sgd", "sgd_stub.py", ""),
+])
+def test_the_exercise_cell_holds_the_librarys_stub(key, stub, marker):
+    text = (FILES / stub).read_text().strip("\n")
+    assert any(source == marker + text for source in cells(EXERCISES[key].notebook)), \
+        f"the notebook's {key} cell differs from workshop_lib/labs/files/{stub}"
+
+
+def literal_assigned(sources, name):
+    for source in sources:
+        for node in ast.parse(source).body if not source.startswith("%%") else []:
+            target = node.targets[0] if isinstance(node, ast.Assign) else None
+            if isinstance(target, ast.Name) and target.id == name:
+                return ast.literal_eval(node.value)
+    raise AssertionError(f"no cell assigns {name}")
+
+
+def test_the_answer_cells_ask_what_the_checks_judge():
+    assert literal_assigned(cells("02_from_one_gpu_to_many"), "my_answers") == sampler.stub()
+    assert literal_assigned(cells("00_welcome"), "observed") == welcome.stub()
+    assert literal_assigned(cells("03_keeping_accuracy_at_scale"), "my_runs") == \
+        challenge.STUB
+
+
+@pytest.mark.slow
+def test_every_check_fails_its_stub_and_passes_its_solution():
+    result = run_course_command(["-m", "workshop_lib.labs", "check"], timeout=1200)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert f"{len(EXERCISES)} of {len(EXERCISES)} exercises" in result.stdout
