@@ -110,3 +110,36 @@ def plot_accuracy_vs_time(groups, ax=None, title="validation accuracy against tr
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return ax
+
+
+def plot_step_timeline(summary, steps=3, ax=None):
+    """Per rank, its first ``steps`` profiled steps as a timeline: the training's compute
+    on one row, its all-reduces below it, the exposed part of each all-reduce (no compute
+    beside it: the step waited) highlighted. ``summary``: ``workshop_lib.trace``'s
+    summary.json, as a dict."""
+    from matplotlib.patches import Patch
+
+    ranks = summary["ranks"]
+    ax = _axes(ax, figsize=(10, 1.2 + 0.9 * len(ranks)))
+    colours = {"compute": "tab:blue", "communication": "tab:orange", "exposed": "tab:red"}
+    for row, rank in enumerate(ranks):
+        y = len(ranks) - 1 - row  # rank 0 on top
+        for step in rank["steps"][:steps]:
+            for kind, (offset, height) in (("compute", (0.05, 0.4)),
+                                           ("communication", (-0.4, 0.35)),
+                                           ("exposed", (-0.4, 0.35))):
+                bars = [(step["start_ms"] + s, e - s) for s, e in step["intervals"][kind]]
+                ax.broken_barh(bars, (y + offset, height), color=colours[kind],
+                               linewidth=0)
+            ax.axvline(step["start_ms"], color="gray", linewidth=0.5, linestyle=":")
+    ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in reversed(ranks)])
+    ax.set_ylim(-0.6, len(ranks) + 0.1)  # room above the top rank for the legend
+    ax.set_xlabel("ms since the first profiled step (dotted: each step's start)")
+    setup = summary["setup"]
+    ax.set_title(f"where a step's time goes: {setup['model']}, batch {setup['batch_size']} "
+                 f"per rank, {setup['world_size']} ranks ({setup['backend']})")
+    ax.legend(handles=[Patch(color=colours["compute"], label="compute"),
+                       Patch(color=colours["communication"], label="all-reduce, hidden"),
+                       Patch(color=colours["exposed"], label="all-reduce, exposed")],
+              fontsize="small", loc="upper right", ncols=3)
+    return ax
