@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from workshop_lib import data, hardware, scaling, train
+from workshop_lib.precision import PLAIN
 from workshop_lib.train import train_step  # the step learners run, timed as it is
 
 
@@ -82,7 +83,8 @@ def loop_overhead(plan, device, epoch_set, info, config):
     bare_batches = list(zip(loader.x[order].split(b), loader.y[order].split(b), strict=True))
 
     def library_epoch():
-        train.train_epoch(library_model, loader, library_optimizer, scheduler, progress=False)
+        train.train_epoch(library_model, loader, library_optimizer, scheduler, PLAIN,
+                          accumulate=1, progress=False)
 
     def bare_epoch():
         for x, y in bare_batches:
