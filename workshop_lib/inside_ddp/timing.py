@@ -1,0 +1,111 @@
+"""Step time of naive, overlapped, bucketed and PyTorch's DDP, and the bucket-size sweep.
+
+Notebook 07, "Inside DDP", section 5 ("What overlap and buckets buy") shows these numbers;
+the bench (``python -m workshop_lib.bench``) can call ``measure`` in its own ranks. Every
+variant trains the course's CNN (``models.build("cnn", ...)``) with the same batches and
+optimizer; what differs is only how gradients are averaged:
+
+- ``local``: no averaging at all (each rank alone: the floor);
+- ``naive``: notebook 02's wrapper, all-reduces one by one after backward;
+- ``overlap``: ``overlap.py``, one asynchronous all-reduce per parameter, from hooks;
+- ``buckets``: ``buckets.py`` at DDP's default 25 MB (one bucket for a small model);
+- ``ddp``: the course's DDP wrap (``train_ddp.wrap``).
+
+Timing follows the bench's rules: a warm-up window first; then rounds, each timing every
+variant for one window in an order rotated by one each round (so a change of the machine's
+load hits all alike); all ranks start a window together, GPU work is synchronized before
+the clock is read, and a window takes the slowest rank's time. Each figure is the median
+milliseconds per step over the rounds, with min, max and n.
+
+    torchrun --standalone --nproc-per-node=2 -m workshop_lib.inside_ddp.timing
+"""
+import itertools
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data.distributed import DistributedSampler
+
+from workshop_lib import data, distributed, hardware, models, naive_ddp, train_ddp
+from workshop_lib.inside_ddp.buckets import BucketedDataParallel
+from workshop_lib.inside_ddp.overlap import OverlappedDataParallel
+
+SWEEP_BYTES = (2**12, 2**14, 2**16, 2**18, 2**20)  # 4 KB ... 1 MB
+
+
+def wrappers(device, sweep_bytes=SWEEP_BYTES):
+    """Name -> how that variant wraps a model."""
+    variants = {"local": lambda m: m, "naive": naive_ddp.NaiveDataParallel,
+                "overlap": OverlappedDataParallel, "buckets": BucketedDataParallel,
+                "ddp": lambda m: train_ddp.wrap(m, device)}
+    for nbytes in sweep_bytes:
+        variants[f"buckets_{nbytes}"] = lambda m, n=nbytes: BucketedDataParallel(m, n)
+    return variants
+
+
+def train_step(model, optimizer, x, y):
+    """``train.train_step``, with the from-scratch wrappers' ``sync_gradients()``."""
+    optimizer.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    if hasattr(model, "sync_gradients"):
+        model.sync_gradients()
+    optimizer.step()
+
+
+def timed_window(model, optimizer, batches, steps, device):
+    """Seconds per step over ``steps`` steps, the slowest rank's."""
+    flag = torch.zeros(1, device=device)
+    dist.all_reduce(flag)  # every rank starts the window together
+    hardware.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        train_step(model, optimizer, *next(batches))
+    hardware.synchronize(device)
+    seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return seconds.item() / steps
+
+
+def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits",
+            sweep_bytes=SWEEP_BYTES, device="cpu"):
+    """Every variant's step time on the default group's ranks, at ``batch_size`` per rank
+    (a collective: all ranks call it; every rank returns the same dict)."""
+    device = torch.device(device)
+    train_set, _, info = data.load(dataset)
+    sampler = DistributedSampler(train_set, world_size, rank, seed=0)
+    loader = data.TensorLoader(train_set, batch_size, sampler, device, drop_last=True)
+    batches = itertools.cycle(list(loader))
+    runs = {}
+    for name, wrap in wrappers(device, sweep_bytes).items():
+        torch.manual_seed(0)
+        model = wrap(models.build("cnn", info).to(device))
+        runs[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+        timed_window(*runs[name], batches, steps, device)  # warm-up
+    ms = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            ms[name].append(1000 * timed_window(*runs[name], batches, steps, device))
+    gradient_bytes = sum(p.numel() * p.element_size() for p in runs["local"][0].parameters())
+    return {"world_size": world_size, "batch_size": batch_size, "dataset": info.name,
+            "gradient_bytes": gradient_bytes, "rounds": rounds, "steps_per_window": steps,
+            "step_ms": {name: {"median": statistics.median(v), "min": min(v), "max": max(v),
+                               "n": len(v)} for name, v in ms.items()}}
+
+
+def main():
+    torch.set_num_threads(1)  # one thread per rank: ranks never fight over a core
+    with distributed.process_group("gloo"):
+        rank = dist.get_rank()
+        result = measure(rank, dist.get_world_size())
+    if rank == 0:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+
+
+if __name__ == "__main__":
+    main()
