@@ -39,8 +39,23 @@ def run_verify(stage, path):
                      nproc=2, timeout=90, quiet=True, stream=io.StringIO(),
                      env={"CUDA_VISIBLE_DEVICES": ""})
     if not job.ok:
-        return None, Verdict(False, f"the check's job failed: {job.error or job.summary()}")
+        return None, Verdict(False, f"the check's job failed: {job.error or job.summary()}"
+                                    f"{collective_hint(job.log_dir)}")
     return runlog.load_json(out), None
+
+
+def collective_hint(log_dir):
+    """What a rank that died inside a collective means, from what gloo wrote in its log."""
+    logs = " ".join(path.read_text(errors="replace")
+                    for path in Path(log_dir).glob("*/attempt_*/*/stderr.log"))
+    if "collective mismatch" in logs:
+        return (". Gloo saw the ranks start different collectives (other sizes or another "
+                "order): every rank must start its all-reduces in the same order, whatever "
+                "order its hooks fire in")
+    if "Timed out" in logs:
+        return (". A rank waited in a collective that another rank never started (a "
+                "gradient whose all-reduce was never started on one rank?)")
+    return ""
 
 
 def wrong_parameters(result):
