@@ -1,6 +1,5 @@
 """Shared helpers: run a function in several real gloo ranks, run the course's commands."""
 import os
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -10,6 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from workshop_lib.distributed import free_port  # the tests' rendezvous ports, from here too
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,12 +25,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(
                 reason=f"needs {needed} GPU(s) that PyTorch can use; this machine has {gpus} "
                        f"(`make gpu-check` runs these on a GPU workstation)"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank, fn, world_size, port, result_dir, args):

@@ -46,9 +46,11 @@ def test_distributed_shards_are_disjoint_cover_the_data_and_change_each_epoch(n,
             "each epoch a rank must get a different subset, not the same one reordered"
 
 
-def test_without_set_epoch_every_epoch_repeats_the_first():
-    sampler = DistributedSampler(index_dataset(100), 2, 0, shuffle=True, seed=0)
-    assert list(sampler) == list(sampler)
+def test_the_course_shows_a_missing_set_epoch_as_a_repeat():
+    with_epoch = data.shards_by_epoch(100, 2, epochs=3, set_epoch=True)
+    without = data.shards_by_epoch(100, 2, epochs=3, set_epoch=False)
+    assert without[0] == without[1] == without[2], "the same shards in the same order"
+    assert with_epoch[1] != with_epoch[0] and with_epoch[2] != with_epoch[1]
 
 
 @pytest.mark.parametrize("n,world_size", [(359, 2), (359, 3), (10, 4), (3, 4)])
@@ -146,3 +148,8 @@ def test_steps_per_epoch_follows_distributed_samplers_padding():
     assert data.steps_per_epoch(1438, 1, 64) == 23
     assert data.steps_per_epoch(10, 3, 4) == 1       # 4 per rank after padding
     assert data.steps_per_epoch(60000, 4, 128) == 118
+
+
+def test_each_dataset_knows_its_training_size():
+    train_set, _, info = data.load("digits")
+    assert info.train_size == len(train_set)

@@ -3,14 +3,11 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from conftest import run_in_ranks
-from workshop_lib import data, models, train, train_ddp
+from workshop_lib import data, metrics, models, train, train_ddp
+from workshop_lib.precision import PLAIN
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 
@@ -27,73 +24,66 @@ def make_optimizer(model):
     return torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
 
 
-def ddp_steps(rank, world_size):
-    """STEPS of DDP training on this rank's shard; returns the parameters and the shard."""
+def constant_schedule(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def rank_shard(rank, world_size):
+    """This rank's first STEPS batches of DistributedSampler's epoch 3."""
     train_set, _, _ = data.load("digits")
     sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=0)
     sampler.set_epoch(3)
-    loader = data.TensorLoader(train_set, BATCH_PER_RANK, sampler, "cpu")
-    model = DDP(make_model())
+    return list(sampler)[:STEPS * BATCH_PER_RANK]
+
+
+def ddp_epoch(rank, world_size):
+    """The DDP script's own wrap and training epoch over STEPS batches of this rank's
+    shard; returns the parameters."""
+    train_set, _, _ = data.load("digits")
+    model = train_ddp.wrap(make_model(), torch.device("cpu"))
     optimizer = make_optimizer(model)
-    for _, (x, y) in zip(range(STEPS), loader, strict=False):
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-    return {"params": [p.detach().clone() for p in model.module.parameters()],
-            "indices": list(sampler)[:STEPS * BATCH_PER_RANK]}
+    loader = data.TensorLoader(train_set, BATCH_PER_RANK, rank_shard(rank, world_size), "cpu")
+    train_ddp.train_epoch(model, loader, optimizer, constant_schedule(optimizer), PLAIN,
+                          accumulate=1, progress=False)
+    return [p.detach().clone() for p in model.module.parameters()]
 
 
 def test_two_ranks_match_one_process_with_the_global_batch(tmp_path):
-    ranks = run_in_ranks(ddp_steps, 2, tmp_path)
-    for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
+    ranks = run_in_ranks(ddp_epoch, 2, tmp_path)
+    for a, b in zip(ranks[0], ranks[1], strict=True):
         assert torch.equal(a, b), "DDP ranks must hold identical parameters"
 
-    # One process, batch 2b: at step t it sees rank 0's and rank 1's step-t samples.
+    # The single-device script's epoch, batch 2b: at step t it sees rank 0's and rank 1's
+    # step-t samples together.
     train_set, _, _ = data.load("digits")
-    x_all, y_all = train_set.tensors
+    shards = [rank_shard(rank, 2) for rank in range(2)]
+    order = [i for t in range(STEPS) for shard in shards
+             for i in shard[t * BATCH_PER_RANK:(t + 1) * BATCH_PER_RANK]]
     model = make_model()
     initial = copy.deepcopy(model)
     optimizer = make_optimizer(model)
-    for t in range(STEPS):
-        step = slice(t * BATCH_PER_RANK, (t + 1) * BATCH_PER_RANK)
-        idx = torch.tensor(ranks[0]["indices"][step] + ranks[1]["indices"][step])
-        optimizer.zero_grad()
-        F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
-        optimizer.step()
+    loader = data.TensorLoader(train_set, 2 * BATCH_PER_RANK, order, "cpu")
+    train.train_epoch(model, loader, optimizer, constant_schedule(optimizer), PLAIN,
+                      accumulate=1, progress=False)
 
     moved = max((p - q).abs().max().item()
                 for p, q in zip(model.parameters(), initial.parameters(), strict=True))
     assert moved > 1e-3, "the comparison is only meaningful if training changed the weights"
-    for single, distributed in zip(model.parameters(), ranks[0]["params"], strict=True):
+    for single, distributed in zip(model.parameters(), ranks[0], strict=True):
         torch.testing.assert_close(distributed, single, rtol=1e-5, atol=1e-6)
 
 
-def sharded_evaluate(rank, world_size):
-    """The DDP script's own evaluation path: unpadded shard, then an all-reduce of sums."""
+def test_shard_accuracies_add_up_to_the_global_one_and_differ_from_it():
     _, val_set, info = data.load("digits")
     torch.manual_seed(0)
     model = models.build("cnn", info)
-    loader = data.TensorLoader(val_set, 64, data.ShardSampler(val_set, rank, world_size), "cpu")
-    sums = train_ddp.evaluate(model, loader)
-    local = sums.clone()
-    dist.all_reduce(sums)
-    return {"global": sums, "local": local}
-
-
-def test_validation_metrics_are_the_global_ones(tmp_path):
-    ranks = run_in_ranks(sharded_evaluate, 2, tmp_path)
-    _, val_set, info = data.load("digits")
-    torch.manual_seed(0)
-    model = models.build("cnn", info)
-    loader = data.TensorLoader(val_set, 64, SequentialSampler(val_set), "cpu")
-    single = train.evaluate(model, loader)
-
-    assert single[2] == len(val_set) == 359  # odd: the two shards differ in size
-    for rank in ranks:
-        assert torch.equal(rank["global"][1:], single[1:]), "correct and sample counts are exact"
-        torch.testing.assert_close(rank["global"][0], single[0], rtol=1e-5, atol=1e-4)
-    assert ranks[0]["local"][2] + ranks[1]["local"][2] == 359
-    assert ranks[0]["local"][1] != single[1], "one shard's accuracy is not the global accuracy"
+    per_rank, global_accuracy = metrics.shard_accuracies(model, val_set, 2, train_ddp.evaluate)
+    assert sum(r["samples"] for r in per_rank) == len(val_set), "unpadded shards, each once"
+    assert global_accuracy == pytest.approx(sum(r["correct"] for r in per_rank) / len(val_set))
+    whole = train.evaluate(model, data.TensorLoader(val_set, 512, range(len(val_set)), "cpu"))
+    assert global_accuracy == pytest.approx(whole[1].item() / whole[2].item())
+    assert any(r["accuracy"] != global_accuracy for r in per_rank), \
+        "one shard's accuracy is not the global accuracy"
 
 
 def naive_vs_ddp(rank, world_size):

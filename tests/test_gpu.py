@@ -64,15 +64,15 @@ def test_one_gpu_run_learns_and_its_checkpoint_holds_that_gpus_random_state(tmp_
 
 
 @pytest.mark.gpu(2)
-def test_extras_use_sync_batchnorm_on_gpus(tmp_path):
-    out = tmp_path / "extras.json"
+def test_sync_batchnorm_makes_ranks_match_one_process_on_gpus(tmp_path):
+    out = tmp_path / "equivalence.json"
     result = run_course_command(["torchrun", "--standalone", "--nproc-per-node=2", "-m",
-                                 "workshop_lib.extras", "--device", "cuda", "--out", str(out)])
+                                 "workshop_lib.equivalence", "--device", "cuda",
+                                 "--out", str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
-    extras = runlog.load_json(out)
-    assert extras["batchnorm"]["sync_batchnorm_used"]
-    assert extras["batchnorm"]["running_mean_spread_across_ranks"] < 1e-5
-    assert extras["accumulation"]["no_sync"]["allreduce_calls"] == 1
+    found = findings.batchnorm(runlog.load_json(out))
+    assert found["bn_free"].holds and found["batchnorm"].holds
+    assert found["sync_batchnorm"].holds, found["sync_batchnorm"].text
 
 
 @pytest.mark.gpu(2)

@@ -12,7 +12,7 @@ from conftest import REPO
 
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9]*.ipynb"))
 # A course script started from a cell: it must say which device it runs on.
-LAUNCH = re.compile(r"-m workshop_lib\.(train|train_ddp|sweep|extras)\b")
+LAUNCH = re.compile(r"-m workshop_lib\.(train|train_ddp|sweep|equivalence|trace)\b")
 
 
 def code_cells(name):

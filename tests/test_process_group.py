@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import workshop_lib.bench.__main__ as bench_command
 from conftest import free_port
-from workshop_lib import distributed, extras, train_ddp
+from workshop_lib import distributed, equivalence, train_ddp
 from workshop_lib.bench import measure, plan, workers
 
 
@@ -51,10 +51,10 @@ def test_train_ddp_leaves_together_when_it_finished(one_rank, monkeypatch, tmp_p
     assert one_rank == ["destroy"]
 
 
-def test_extras_aborts_on_error(one_rank, monkeypatch):
-    monkeypatch.setattr(extras, "measure", fails)
+def test_the_batchnorm_comparison_aborts_on_error(one_rank, monkeypatch):
+    monkeypatch.setattr(equivalence, "measure", fails)
     with pytest.raises(RuntimeError, match="a bug on this rank"):
-        extras.main(["--device", "cpu"])
+        equivalence.main(["--device", "cpu"])
     assert one_rank == ["abort"]
 
 

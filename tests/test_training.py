@@ -77,15 +77,23 @@ def test_only_rank0_writes_and_the_checkpoint_loads_into_the_plain_model(ddp_run
     assert sums[1].item() / sums[2].item() == pytest.approx(runlog.read(out).final["val_acc"])
 
 
-def test_single_process_checkpoint_resumes_model_and_optimizer(single_run):
+def test_single_process_checkpoint_restores_model_optimizer_and_schedule(single_run):
     out, _ = single_run
     state = checkpoint.load(out / "checkpoint.pt")
-    assert {"model", "optimizer", "scheduler", "epoch", "rng"} <= set(state)
     model = models.build("cnn", data.DATASETS["digits"])
-    model.load_state_dict(state["model"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    optimizer.load_state_dict(state["optimizer"])
-    assert optimizer.state, "momentum buffers were saved"
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    assert checkpoint.resume(out / "checkpoint.pt", model, optimizer, scheduler) == EPOCHS
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state["model"][name])
+    saved = state["optimizer"]["state"]
+    restored = optimizer.state_dict()["state"]
+    assert saved and set(restored) == set(saved), "a momentum buffer per parameter"
+    for key in saved:
+        assert torch.equal(restored[key]["momentum_buffer"], saved[key]["momentum_buffer"])
+    train_set, _, _ = data.load("digits")
+    steps = data.steps_per_epoch(len(train_set), 1, 64)
+    assert scheduler.last_epoch == EPOCHS * steps, "the schedule continues where it stopped"
 
 
 def test_single_process_resume_reproduces_the_uninterrupted_run(single_run, tmp_path):

@@ -21,5 +21,3 @@ import os
 # why it lives here, in the package's first import, and why it never overrides a choice
 # the user already made in the environment.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-__version__ = "0.1.0"

@@ -1,30 +1,17 @@
 """Checkpoints written atomically, so a crash mid-write never destroys the last good one."""
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from workshop_lib import files
 from workshop_lib.errors import CourseError
 
 
 def save_atomic(state, path):
-    """``torch.save`` to a temporary file beside ``path``, flush it to disk, then rename.
-
-    ``os.replace`` is atomic on POSIX: a reader (or a restarted job) sees either the old
-    checkpoint or the complete new one, never a half-written file.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``torch.save`` to ``path`` through ``files.atomic``: a reader (or a restarted job)
+    sees either the old checkpoint or the complete new one, never a half-written file."""
+    with files.atomic(path) as f:
+        torch.save(state, f)
 
 
 def load(path, map_location="cpu"):

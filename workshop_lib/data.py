@@ -37,10 +37,6 @@ FASHION_MNIST_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
-FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)
 
 
 @dataclass(frozen=True)
@@ -251,8 +247,10 @@ def download(name, data_dir=DEFAULT_DATA_DIR):
 
 @exit_cleanly_on_course_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m workshop_lib.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from workshop_lib import cli
+
+    parser = cli.ArgumentParser(prog="python -m workshop_lib.data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the datasets and whether each is available here")
     get = sub.add_parser("download", help="download a dataset into the data folder")

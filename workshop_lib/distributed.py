@@ -13,7 +13,7 @@ the job sits until the collective timeout, and a healthy rank is blamed. So:
   let the error end the process.
 
 ``train_ddp.py`` spells this out, for the lesson; the other entry points (the bench, the
-extras, the from-scratch wrapper's check) use ``process_group``.
+trace, the BatchNorm comparison, the from-scratch wrapper's check) use ``process_group``.
 """
 import os
 import socket

@@ -3,9 +3,10 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
+
+from workshop_lib import files
 
 
 class CourseError(Exception):
@@ -58,10 +59,8 @@ def record_errors(main):
                 report = {"message": {"message": f"{type(error).__name__}: {error}",
                                       "extraInfo": {"py_callstack": traceback.format_exc(),
                                                     "timestamp": str(int(time.time()))}}}
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
+                with files.atomic(path, "w") as f:
                     json.dump(report, f)
-                os.replace(tmp, path)
             raise
 
     return wrapper

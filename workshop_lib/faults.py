@@ -72,9 +72,6 @@ class FaultyLoader:
     def __len__(self):
         return len(self.loader)
 
-    def __getattr__(self, name):  # x, y, sampler...: behave as the wrapped loader
-        return getattr(self.loader, name)
-
     def __iter__(self):
         for batch in self.loader:
             if self.step == self.fault.step:

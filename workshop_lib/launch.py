@@ -297,7 +297,9 @@ def main(argv=None):
               "[--timeout S] -m MODULE [flags]", file=sys.stderr)
         return 2
     split = argv.index("-m")
-    parser = argparse.ArgumentParser(prog="python -m workshop_lib.launch")
+    from workshop_lib import cli
+
+    parser = cli.ArgumentParser(prog="python -m workshop_lib.launch")
     parser.add_argument("--nproc-per-node", default="auto")
     parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=None)

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib import hardware
+from workshop_lib import files, hardware
 
 RUN_LOG_NAME = "run.jsonl"
 TABLE_COLUMNS = (  # (record key, heading, number format); each column as wide as its heading
@@ -146,8 +146,9 @@ def format_table(rows, columns):
 
 
 def save_json(path, value):
-    """Write ``value`` (plain data: a notebook's results) as JSON."""
-    Path(path).write_text(json.dumps(value, indent=1))
+    """Write ``value`` (plain data: a notebook's results) as JSON, whole or not at all."""
+    with files.atomic(path, "w") as f:
+        json.dump(value, f, indent=1)
 
 
 def load_json(path):
