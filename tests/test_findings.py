@@ -99,3 +99,38 @@ def test_time_to_target_speedup_needs_every_run_to_get_there():
     assert found["epoch_speedup"].holds is False and found["target_speedup"].holds is False
     table = findings.worked_example_table(findings.same_accuracy_in_less_time(base, slower)[1])
     assert "3.4x" in table and "12 h" in table and "3.5 h" in table
+
+
+def named(**accuracies):
+    return {name: run([0.5, acc], global_batch=512 if name != "small" else 32)
+            for name, acc in accuracies.items()}
+
+
+def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
+    base = named(small=0.99, large_same_lr=0.90, large_linear=0.985, large_linear_warmup=0.98,
+                 large_sqrt=0.93)
+    base["large_same_lr"].epochs[-1]["train_loss"] = 0.5  # under-trained
+    hot = named(small=0.99, large_linear=0.95, large_linear_warmup=0.985, large_sqrt=0.96,
+                large_lars=0.90)
+    for r in (*base.values(), *hot.values()):
+        r.start["args"]["seed"] = "0"
+    found = findings.accuracy_at_scale(base, hot, 20)
+    assert found["gap"].holds and found["linear_restores"].holds
+    assert not found["sqrt_restores"].holds  # 30% of the gap: under the bar
+    assert found["linear_breaks"].holds and found["hot_small"].holds
+    assert found["hot_linear_warmup"].holds and not found["hot_sqrt"].holds
+    assert not found["hot_lars"].holds and "below the broken run itself" in \
+        found["hot_lars"].text
+    calm = named(small=0.99, large_linear=0.988, large_linear_warmup=0.99, large_sqrt=0.99,
+                 large_lars=0.99)
+    assert not findings.accuracy_at_scale(base, calm, 20)["linear_breaks"].holds
+
+
+def test_the_batchnorm_caveat_is_judged_against_float_rounding():
+    measured = {"world_size": 2, "batch_size": 16, "steps": 10,
+                "max_abs_difference": {"bn_free": 2e-8, "batchnorm": 9e-3}}
+    found = findings.batchnorm(measured)
+    assert found["bn_free"].holds and found["batchnorm"].holds and found["sync_batchnorm"].skipped
+    measured["max_abs_difference"]["sync_batchnorm"] = 3e-3
+    assert not findings.batchnorm(measured)["sync_batchnorm"].holds
+    assert findings.batchnorm(None)["batchnorm"].skipped

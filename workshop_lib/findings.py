@@ -395,10 +395,15 @@ def _rescue(name, what, broken, rescued, reference):
     lost = reference.final["val_acc"] - broken.final["val_acc"]
     won = rescued.final["val_acc"] - broken.final["val_acc"]
     holds = lost > 0 and won >= RECOVERED * lost
+    if lost <= 0:
+        verdict = "nothing was lost to win back."
+    elif won < 0:
+        verdict = (f"{-100 * won:.1f} pp below the broken run itself: no rescue here "
+                   f"(the bar: {RECOVERED:.0%} of the loss won back).")
+    else:
+        verdict = f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})."
     return Finding(name, f"{what}: {rescued.final['val_acc']:.3f} (lr "
-                         f"{rescued.start['lr']:.3g}); "
-                   + (f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})."
-                      if lost > 0 else "nothing was lost to win back."), holds=holds)
+                         f"{rescued.start['lr']:.3g}); {verdict}", holds=holds)
 
 
 def accuracy_at_scale(base, hot, hot_factor):
