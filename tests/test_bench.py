@@ -8,6 +8,7 @@ the bench to what learners run: ``train.train_step`` and ``train_ddp.wrap``.
 """
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -117,19 +118,52 @@ def test_exposed_communication_against_the_floor(quick_bench):
     report, _ = quick_bench
     rows = report["communication"]["exposed"]
     assert [r["config"] for r in rows] == ["course", "scaling"]
-    sweep = report["communication"]["allreduce"]["2"]
+    fit = report["communication"]["allreduce_model"]["2"]
+    assert fit["latency_s"] >= 0 and fit["bus_bandwidth_gb_s"] > 0
+    assert fit["sizes"] == len(report["communication"]["allreduce"]["2"])
     for row in rows:
-        stats_are_sane(row["ddp_step_s"])
-        stats_are_sane(row["no_sync_step_s"])
-        stats_are_sane(row["exposed_s"], positive=False)  # noise can make it negative
-        stats_are_sane(row["no_sync_efficiency"])
-        stats_are_sane(row["buffer_sync_step_s"])
-        stats_are_sane(row["buffer_sync_slowdown"])
+        for key in ("ddp_step_s", "no_sync_step_s", "no_sync_efficiency", "sync_step_s",
+                    "flat_step_s", "buffer_sync_step_s", "buffer_sync_slowdown"):
+            stats_are_sane(row[key])
+        # Differences of noisy step times: noise can make them negative.
+        for stats in (row["exposed_s"], row["one_float_allreduce_s"], row["flat_allreduce_s"],
+                      row["breakdown"]["sync_s"], row["breakdown"]["unaccounted_s"]):
+            stats_are_sane(stats, positive=False)
         assert row["gradient_bytes"] == 4 * row["parameters"]
-        # The floor is the formula applied to the measured bandwidth at the gradients' size.
-        bandwidth = analyse.bus_bandwidth_at(sweep, row["gradient_bytes"])
-        assert row["bus_bandwidth_gb_s"] == pytest.approx(bandwidth)
-        assert row["floor_s"] == pytest.approx(row["gradient_bytes"] / (bandwidth * 1e9))
+        # The floor is the fitted model at the gradients' size, both terms kept.
+        floor = row["floor"]
+        assert floor["latency_s"] == pytest.approx(fit["latency_s"])
+        assert floor["bandwidth_s"] == pytest.approx(
+            row["gradient_bytes"] / (fit["bus_bandwidth_gb_s"] * 1e9))
+        assert row["floor_s"] == pytest.approx(floor["latency_s"] + floor["bandwidth_s"])
+        assert row["breakdown"]["bandwidth_s"] == floor["bandwidth_s"]
+        assert row["target"]["exposed_at_most_s"] == pytest.approx(
+            row["one_float_allreduce_s"]["median"] + 2 * floor["bandwidth_s"])
+
+
+@pytest.mark.slow
+def test_every_trial_and_precision_row_is_measured(quick_bench):
+    report, _ = quick_bench
+    trials = report["communication"]["trials"]
+    # This machine's trials: all of them on a Linux CPU with a core per rank.
+    expected = plan.trials_for("cpu", report["setup"]["world_size"],
+                               report["hardware"]["cpu_cores"])
+    assert [t["trial"] for t in trials] == [t.name for t in expected]
+    for row in trials:
+        stats_are_sane(row["step_s"])
+        stats_are_sane(row["speedup"])
+        stats_are_sane(row["exposed_s"], positive=False)
+        assert row["faster_every_round"] == (row["speedup"]["min"] > 1)
+    rows = report["precision"]
+    assert [(r["config"], r["variant"]) for r in rows] == [
+        ("course", name) for name, _, _ in solo.PRECISION_VARIANTS]
+    for row in rows:
+        stats_are_sane(row["samples_per_s"])
+        stats_are_sane(row["speedup"])
+        assert row["saved_bytes"] > 0 and row["peak_bytes"] is None  # no GPU in a CPU bench
+    saved = {r["variant"]: r["saved_ratio"] for r in rows}
+    # Half-precision activations and recomputed blocks keep less for backward.
+    assert saved["fp32"] == 1 and saved["bf16"] < 1 and saved["fp32 checkpointed"] < 1
 
 
 @pytest.mark.slow
@@ -156,6 +190,13 @@ def test_table_shows_the_json_figures(quick_bench):
                     shown(row["no_sync_step_s"], ".2f", 1e3), f"{row['floor_s'] * 1e3:.3f}")
         in_one_line(row["config"], shown(row["buffer_sync_step_s"], ".2f", 1e3),
                     shown(row["buffer_sync_slowdown"], ".2f"))
+        in_one_line(row["config"], shown(row["one_float_allreduce_s"], ".2f", 1e3),
+                    shown(row["breakdown"]["sync_s"], ".2f", 1e3),
+                    shown(row["breakdown"]["unaccounted_s"], ".2f", 1e3))
+    for row in report["communication"]["trials"]:
+        in_one_line(row["trial"], shown(row["step_s"], ".2f", 1e3), shown(row["speedup"], ".2f"))
+    for row in report["precision"]:
+        in_one_line(row["variant"], shown(row["speedup"], ".2f"), f"{row['saved_ratio']:.2f}")
     for row in report["data_path"]["rows"]:
         in_one_line(shown(row["ratio"], ".2f"))
     assert "wrote" in stdout
@@ -163,7 +204,8 @@ def test_table_shows_the_json_figures(quick_bench):
 
 def test_the_bench_times_the_course_step_and_the_course_wrap():
     """The bench's DDP models are train_ddp's, option for option, and its step is train's:
-    a copy that drifts from what learners run would time something else."""
+    a copy that drifts from what learners run would time something else. Each trial
+    changes exactly the options it names."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{distributed.free_port()}",
                             rank=0, world_size=1)
     try:
@@ -172,23 +214,82 @@ def test_the_bench_times_the_course_step_and_the_course_wrap():
         world = measure.World(0, bench_plan, CPU, train_set=None, info=info)
         config = bench_plan.configs[0]
         # The models the bench times at N processes (in this one-rank group).
-        bench_ddp = measure.model_for(world, config, bench_plan.world_size)
-        bench_defaults = measure.model_for(world, config, bench_plan.world_size,
-                                           buffer_sync=True)
+        n = bench_plan.world_size
+        bench_ddp = measure.model_for(world, config, n)
+        bench_defaults = measure.model_for(world, config, n, plan.BUFFER_SYNC)
+        trials = {t: measure.model_for(world, config, n, t.name) for t in bench_plan.trials}
         course_ddp = train_ddp.wrap(config.build(info), CPU)
         ddp_defaults = DDP(config.build(info))
+        changed = {t: DDP(config.build(info), **dict(t.ddp)) for t in bench_plan.trials}
     finally:
         dist.destroy_process_group()
     options = ("forward_sync_buffers", "find_unused_parameters", "gradient_as_bucket_view",
                "bucket_bytes_cap", "static_graph", "device_ids")
-    assert {o: getattr(bench_ddp, o) for o in options} == {
-        o: getattr(course_ddp, o) for o in options}
+
+    def of(model):
+        return {o: getattr(model, o) for o in options}
+
+    assert of(bench_ddp) == of(course_ddp)
     # The comparison row is DDP with its defaults, which re-send buffers every forward.
-    assert {o: getattr(bench_defaults, o) for o in options} == {
-        o: getattr(ddp_defaults, o) for o in options}
+    assert of(bench_defaults) == of(ddp_defaults)
     assert bench_defaults.forward_sync_buffers and not bench_ddp.forward_sync_buffers
+    for trial, model in trials.items():
+        # The course's options, but for those the trial changes (as DDP would set them).
+        expected = {o: getattr(changed[trial] if o in trial_options(trial) else course_ddp, o)
+                    for o in options}
+        assert of(model) == expected, trial.name
     assert measure.train_step is train.train_step
     assert solo.train_step is train.train_step
+    assert measure.backward is train_ddp.backward
+
+
+def trial_options(trial):
+    """The DDP attributes a trial's options set (bucket_cap_mb sets bucket_bytes_cap)."""
+    names = {name for name, _ in trial.ddp}
+    return names | ({"bucket_bytes_cap"} if "bucket_cap_mb" in names else set())
+
+
+def test_every_plan_window_has_a_model_and_the_trials_share_the_course_model():
+    bench_plan = plan.make_plan(command.parse_args(["--quick", "--nproc", "2"]), CPU)
+    windows = plan.scaling_windows(bench_plan)
+    assert len({w.key for w in windows}) == len(windows)
+    course, n = bench_plan.configs[0], bench_plan.world_size
+    by_variant = {w.variant: w for w in windows if w.config == course and w.world_size == n
+                  and w.batch_size == course.batch_size}
+    course_run = by_variant[plan.COURSE].run
+    for variant in (plan.NO_SYNC, plan.SYNC, plan.FLAT, "pinned", "accumulate_4"):
+        assert by_variant[variant].run == course_run, variant  # the same DDP model
+    for variant in (plan.BUFFER_SYNC, "grad_view", "static_graph", "small_buckets",
+                    "gloo_lo_1_thread"):
+        assert by_variant[variant].run != course_run, variant  # a DDP of its own
+    # Trials only at the course's step.
+    assert not [w for w in windows if w.trial and w.config != course]
+
+
+def test_trials_a_machine_cannot_run_are_left_out():
+    names = [t.name for t in plan.trials_for("cpu", 2, cores=1)]
+    assert "pinned" not in names and "gloo_lo_1_thread" in names
+    assert plan.trials_for("cuda", 8, cores=64) == plan.TRIALS  # no gloo, no pinning
+
+
+def test_an_accumulating_window_takes_whole_groups_of_micro_batches():
+    run = measure.Run(model=None, optimizer=None, batches=None, world_size=2, steps=10)
+    accumulate = plan.Window(plan.StepConfig("course", "cnn", 32), 2, 32, "accumulate_4")
+    assert measure.window_steps(accumulate, run) == 8
+    assert measure.window_steps(plan.Window(accumulate.config, 2, 32), run) == 10
+    run.steps = 3
+    assert measure.window_steps(accumulate, run) == 4  # at least one group
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_pinning_puts_every_thread_on_one_core_and_gives_them_back():
+    world = measure.World(1, None, CPU, train_set=None, info=None)
+    before = os.sched_getaffinity(0)
+    with measure.pinned(world):
+        expected = {sorted(world.cores)[1 % len(world.cores)]}
+        for tid in os.listdir("/proc/self/task"):
+            assert os.sched_getaffinity(int(tid)) == expected
+    assert os.sched_getaffinity(0) == before
 
 
 def test_the_sweep_reaches_the_largest_gradients():
@@ -208,12 +309,7 @@ def test_the_sweep_reaches_the_largest_gradients():
         assert all(b == 4 * a for a, b in zip(sizes, sizes[1:], strict=False))
 
 
-def test_interpolated_bandwidth_and_floor():
-    rows = [{"bytes": 1024, "bus_bandwidth_gb_s": {"median": 0.01}},
-            {"bytes": 4096, "bus_bandwidth_gb_s": {"median": 0.04}}]
-    assert analyse.bus_bandwidth_at(rows, 2048) == pytest.approx(0.02)  # log-log midpoint
-    assert analyse.bus_bandwidth_at(rows, 10) == 0.01
-    assert analyse.bus_bandwidth_at(rows, 10**9) == 0.04
+def test_the_bandwidth_term_of_the_floor():
     # Ring all-reduce: each of N ranks moves 2(N-1)/N of the bytes.
     assert analyse.allreduce_floor_s(4, 1e9, 1.0) == pytest.approx(1.5)
     assert analyse.allreduce_floor_s(2, 1e9, 1.0) == pytest.approx(1.0)

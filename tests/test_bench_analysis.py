@@ -1,21 +1,35 @@
 """The bench's arithmetic and its table, on hand-built timings: no process, no model run.
 
 The fake machine below has known costs (a step's time is proportional to its batch, DDP
-makes it 1.25x slower, no_sync 1.05x, DDP's defaults 1.5x; an all-reduce is a latency
-plus bytes over a bandwidth) and a load that changes from round to round, hitting every
-window of a round alike. Each figure the analysis reports is checked against what
-those costs imply.
+makes it 1.25x slower, no_sync 1.05x, no_sync plus a one-float all-reduce 1.15x, DDP's
+defaults 1.5x, each trial its own factor; an all-reduce is a latency plus bytes over a
+bandwidth) and a load that changes from round to round, hitting every window of a round
+alike. Each figure the analysis reports is checked against what those costs imply.
 """
 import pytest
 
 from workshop_lib.bench import analyse, plan, report
-from workshop_lib.bench.plan import BUFFER_SYNC, COURSE, KB, MB, NO_SYNC, StepConfig
+from workshop_lib.bench.plan import (
+    BUFFER_SYNC,
+    COURSE,
+    FLAT,
+    KB,
+    MB,
+    NO_SYNC,
+    SYNC,
+    StepConfig,
+)
 
 LOAD = (1.0, 1.5, 0.8)  # the machine's slowdown in each round
 SECONDS_PER_SAMPLE = 1e-4
-COST = {COURSE: 1.25, NO_SYNC: 1.05, BUFFER_SYNC: 1.5}  # a step at N > 1 against one process
+# A step at N > 1 against one process, by variant and by trial.
+COST = {COURSE: 1.25, NO_SYNC: 1.05, SYNC: 1.15, FLAT: 1.2, BUFFER_SYNC: 1.5,
+        "grad_view": 1.2, "static_graph": 1.3, "small_buckets": 1.25, "accumulate_4": 1.1,
+        "pinned": 1.22, "gloo_lo_1_thread": 1.26}
 STEPS = 10  # per window
 LATENCY_S, LINK_BYTES_PER_S = 1e-4, 1e9
+PRECISION = {"fp32": (0.1, 4 * MB, None), "bf16": (0.08, 2 * MB, None),
+             "fp16": (2.0, 2 * MB, None), "fp32 checkpointed": (0.13, 1 * MB, None)}
 
 
 def make_plan(world_size=2):
@@ -26,7 +40,9 @@ def make_plan(world_size=2):
         configs=(StepConfig("course", "cnn", 32), StepConfig("scaling", "cnn", 128)),
         rounds=len(LOAD), window_s=0.1, warmup_steps=1,
         allreduce_sizes=tuple(KB * 4**k for k in range(6)), allreduce_budget_s=0.1,
-        allreduce_min_reps=3, loader_workers=2, timeout_s=60)
+        allreduce_min_reps=3, loader_workers=2, timeout_s=60,
+        trials=(plan.TRIALS + plan.CPU_TRIALS) if world_size > 1 else (),
+        precision_configs=("course",))
 
 
 def step_s(window):
@@ -56,6 +72,10 @@ def fake_raw(bench_plan, on_cpu=1.0):
         "data_path": {"workers": 2, "worker_startup_s": 0.1, "timings": {
             "train/tensor_loader": epoch_timings(0.1), "train/data_loader": epoch_timings(0.12),
             "load/tensor_loader": epoch_timings(0.001), "load/data_loader": epoch_timings(0.05)}},
+        "precision": {"course": {
+            "timings": {name: epoch_timings(s) for name, (s, _, _) in PRECISION.items()},
+            "saved_bytes": {name: b for name, (_, b, _) in PRECISION.items()},
+            "peak_bytes": {name: p for name, (_, _, p) in PRECISION.items()}}},
     }
 
 
@@ -95,14 +115,83 @@ def test_exposed_communication_and_the_buffer_sync_row():
         constant(row["no_sync_efficiency"], 1 / COST[NO_SYNC])
         constant(row["buffer_sync_slowdown"], COST[BUFFER_SYNC] / COST[COURSE])
         assert row["buffer_sync_step_s"]["median"] == pytest.approx(one_step * COST[BUFFER_SYNC])
-        # The prediction: one process's step plus the floor at the gradients' bandwidth.
-        sweep = figures["communication"]["allreduce"]["2"]
-        assert row["bus_bandwidth_gb_s"] == pytest.approx(
-            analyse.bus_bandwidth_at(sweep, row["gradient_bytes"]))
-        assert row["floor_s"] == pytest.approx(
-            analyse.allreduce_floor_s(2, row["gradient_bytes"], row["bus_bandwidth_gb_s"]))
+        # The floor: the fitted all-reduce (exactly the fake link) at the gradients' size.
+        floor = row["floor"]
+        assert floor["latency_s"] == pytest.approx(LATENCY_S)
+        assert floor["bandwidth_s"] == pytest.approx(row["gradient_bytes"] / LINK_BYTES_PER_S)
+        assert row["floor_s"] == pytest.approx(floor["latency_s"] + floor["bandwidth_s"])
+        assert row["bus_bandwidth_gb_s"] == pytest.approx(LINK_BYTES_PER_S / 1e9)
         predicted = scaling[row["config"], "weak", 2]["predicted_efficiency"]
         assert predicted == pytest.approx(one_step / (one_step + row["floor_s"]))
+
+
+def test_exposed_communication_split_into_sync_latency_bandwidth_and_the_rest():
+    bench_plan = make_plan()
+    figures = analyse.analyse(fake_raw(bench_plan), bench_plan)
+    for row in figures["communication"]["exposed"]:
+        one_step = row["batch_size"] * SECONDS_PER_SAMPLE
+        one_float = one_step * (COST[SYNC] - COST[NO_SYNC])
+        exposed = one_step * (COST[COURSE] - COST[NO_SYNC])
+        bandwidth = row["gradient_bytes"] / LINK_BYTES_PER_S
+        assert row["one_float_allreduce_s"]["median"] == pytest.approx(one_float)
+        assert row["flat_allreduce_s"]["median"] == pytest.approx(
+            one_step * (COST[FLAT] - COST[NO_SYNC]))
+        split = row["breakdown"]
+        assert split["sync_s"]["median"] == pytest.approx(one_float - LATENCY_S)
+        assert split["latency_s"] == pytest.approx(LATENCY_S)
+        assert split["bandwidth_s"] == pytest.approx(bandwidth)
+        assert split["unaccounted_s"]["median"] == pytest.approx(exposed - one_float - bandwidth)
+        # The four terms add up to the exposed communication (at the median round).
+        assert (split["sync_s"]["median"] + split["latency_s"] + split["bandwidth_s"]
+                + split["unaccounted_s"]["median"]) == pytest.approx(exposed)
+        target = one_float + 2 * bandwidth
+        assert row["target"]["exposed_at_most_s"] == pytest.approx(target)
+        assert row["target"]["met"] == (exposed <= target)
+    # The fake's numbers put the two configs on either side of the target.
+    assert [r["target"]["met"] for r in figures["communication"]["exposed"]] == [True, False]
+
+
+def test_the_allreduce_fit_recovers_latency_and_bandwidth():
+    rows = [{"bytes": b, "seconds": {"median": 2e-4 + 1.5 * b / 3e9}}
+            for b in (KB * 4**k for k in range(8))]
+    fit = analyse.fit_allreduce(rows, world_size=4)  # 2(N-1)/N = 1.5
+    assert fit["latency_s"] == pytest.approx(2e-4)
+    assert fit["bus_bandwidth_gb_s"] == pytest.approx(3.0)
+    assert fit["relative_rms_error"] == pytest.approx(0, abs=1e-9)
+    assert fit["sizes"] == 8
+    model = analyse.allreduce_model_s(fit, 4, 3e9)
+    assert model == {"latency_s": pytest.approx(2e-4), "bandwidth_s": pytest.approx(1.5),
+                     "total_s": pytest.approx(1.5 + 2e-4)}
+    # Times that a negative latency would fit best: the fit goes through zero instead.
+    for row in rows:
+        row["seconds"]["median"] = 1.5 * row["bytes"] / 3e9 - 1e-7
+    fit = analyse.fit_allreduce(rows, world_size=4)
+    assert fit["latency_s"] == 0 and fit["bus_bandwidth_gb_s"] > 0
+
+
+def test_each_trial_against_the_course_step_of_the_same_rounds():
+    bench_plan = make_plan()
+    trials = analyse.analyse(fake_raw(bench_plan), bench_plan)["communication"]["trials"]
+    assert [t["trial"] for t in trials] == [t.name for t in bench_plan.trials]
+    one_step = 32 * SECONDS_PER_SAMPLE  # the course's step
+    for row in trials:
+        cost = COST[row["trial"]]
+        assert row["config"] == "course"
+        constant(row["speedup"], COST[COURSE] / cost)
+        assert row["step_s"]["median"] == pytest.approx(one_step * cost)
+        assert row["exposed_s"]["median"] == pytest.approx(one_step * (cost - COST[NO_SYNC]))
+        assert row["faster_every_round"] == (cost < COST[COURSE])
+
+
+def test_precision_and_checkpointing_rows():
+    bench_plan = make_plan()
+    rows = analyse.analyse(fake_raw(bench_plan), bench_plan)["precision"]
+    assert [r["variant"] for r in rows] == list(PRECISION)
+    for row in rows:
+        seconds, saved, _ = PRECISION[row["variant"]]
+        constant(row["speedup"], PRECISION["fp32"][0] / seconds)
+        assert row["saved_ratio"] == pytest.approx(saved / PRECISION["fp32"][1])
+        assert row["peak_bytes"] is None and row["peak_ratio"] is None  # a CPU
 
 
 def test_allreduce_bandwidth_and_its_peak():
@@ -156,7 +245,27 @@ def test_the_table_shows_every_figure():
     for row in figures["communication"]["exposed"]:
         assert report.format_stats(row["buffer_sync_step_s"], ".2f", 1e3) in table
         assert report.format_stats(row["buffer_sync_slowdown"], ".2f") in table
+        cells = (row["config"], report.format_stats(row["exposed_s"], ".2f", 1e3),
+                 report.format_stats(row["one_float_allreduce_s"], ".2f", 1e3),
+                 report.format_stats(row["breakdown"]["sync_s"], ".2f", 1e3),
+                 f"{row['breakdown']['latency_s'] * 1e3:.3f}",
+                 f"{row['breakdown']['bandwidth_s'] * 1e3:.3f}",
+                 report.format_stats(row["breakdown"]["unaccounted_s"], ".2f", 1e3),
+                 f"{row['target']['exposed_at_most_s'] * 1e3:.2f}")
+        assert any(all(c in line for c in cells) for line in lines), cells
     assert "DDP defaults" in table and "forward_sync_buffers=True" in table
+    fit = figures["communication"]["allreduce_model"]["2"]
+    assert f"time = {fit['latency_s'] * 1e3:.3f} ms + 2(N-1)/N * bytes / " \
+           f"{fit['bus_bandwidth_gb_s']:.3f} GB/s" in table
+    for row in figures["communication"]["trials"]:
+        cells = (row["trial"], report.format_stats(row["speedup"], ".2f"),
+                 report.format_stats(row["exposed_s"], ".2f", 1e3))
+        assert any(all(c in line for c in cells) for line in lines), cells
+    for row in figures["precision"]:
+        cells = (row["variant"], report.format_stats(row["speedup"], ".2f"),
+                 f"{row['saved_ratio']:.2f}")
+        assert any(all(c in line for c in cells) for line in lines), cells
+    assert "fp16 on a CPU" in table  # said, not left out
     assert report.format_stats({"median": 1.5, "min": 1, "max": 2}, ".2f") == "1.50 [1.00..2.00]"
     assert [report.format_bytes(b) for b in (KB, 256 * KB, MB)] == ["1 KB", "256 KB", "1 MB"]
 
@@ -172,6 +281,6 @@ def test_one_process_has_no_communication_section_rows():
     bench_plan = make_plan(world_size=1)
     figures = full_report(bench_plan)
     assert figures["communication"] == {"allreduce": {}, "peak_bus_bandwidth_gb_s": {},
-                                        "exposed": []}
+                                        "allreduce_model": {}, "exposed": [], "trials": []}
     assert {r["world_size"] for r in figures["scaling"]} == {1}
     assert "exposed communication" not in report.format_report(figures)

@@ -69,7 +69,9 @@ def setup_record(args, plan, device):
             "threads_per_process": 1 if device.type == "cpu" else 0,
             "dataset": plan.dataset, "epoch_samples": plan.epoch_samples or None,
             "rounds": plan.rounds, "quick": args.quick, "window_s": plan.window_s,
-            "configs": [asdict(c) for c in plan.configs]}
+            "configs": [asdict(c) for c in plan.configs],
+            "trials": [asdict(t) for t in plan.trials],
+            "precision_configs": list(plan.precision_configs)}
 
 
 @exit_cleanly_on_course_error

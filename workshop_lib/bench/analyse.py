@@ -1,5 +1,10 @@
 """From raw timings to figures: medians with their spread, ratios within rounds, the floor.
 
+The floor is a model of the all-reduce fitted to the bench's own sweep: a latency plus the
+bytes each rank moves over the bus bandwidth. The exposed communication of a DDP step is
+split into what synchronising the ranks costs (an all-reduce of one float), the model's
+latency and bandwidth terms at the gradients' size, and what is left unaccounted.
+
 ``analyse(raw, plan)`` turns what the workers recorded (seconds per window, per
 all-reduce, per epoch) into the report's sections; it runs no process and no model.
 """
@@ -7,7 +12,15 @@ import math
 import statistics
 
 from workshop_lib import data
-from workshop_lib.bench.plan import BUFFER_SYNC, COURSE, NO_SYNC, model_facts, run_key
+from workshop_lib.bench.plan import (
+    BUFFER_SYNC,
+    COURSE,
+    FLAT,
+    NO_SYNC,
+    SYNC,
+    model_facts,
+    run_key,
+)
 
 LOOP_OVERHEAD_TARGET = 0.95
 
@@ -25,29 +38,53 @@ def per_round(numerators, denominators, scale=1.0):
 
 
 def allreduce_floor_s(world_size, nbytes, bus_bandwidth_gb_s):
-    """The ring all-reduce's minimum: each rank sends and receives 2(N-1)/N of the data."""
+    """The ring all-reduce's bandwidth term: each rank sends and receives 2(N-1)/N of the
+    data."""
     return 2 * (world_size - 1) / world_size * nbytes / (bus_bandwidth_gb_s * 1e9)
 
 
-def bus_bandwidth_at(rows, nbytes):
-    """Measured bus bandwidth at ``nbytes``, interpolated in log-log between sizes."""
-    points = [(row["bytes"], row["bus_bandwidth_gb_s"]["median"]) for row in rows]
-    if nbytes <= points[0][0]:
-        return points[0][1]
-    for (b0, v0), (b1, v1) in zip(points, points[1:], strict=False):
-        if nbytes <= b1:
-            f = math.log(nbytes / b0) / math.log(b1 / b0)
-            return math.exp(math.log(v0) + f * (math.log(v1) - math.log(v0)))
-    return points[-1][1]
+def fit_allreduce(rows, world_size):
+    """``time(bytes) = latency + 2(N-1)/N * bytes / bus bandwidth``, fitted by least squares
+    to the sweep's median times, each size weighted by 1/time^2.
+
+    The weights make it a fit of relative errors: unweighted, the largest messages (a
+    quarter of a second at 256 MB) would decide both terms, and the latency, a fraction
+    of a millisecond, would be whatever their noise left. A negative latency (noise at
+    the small sizes) is fitted again as zero.
+    """
+    x = [2 * (world_size - 1) / world_size * row["bytes"] for row in rows]
+    t = [row["seconds"]["median"] for row in rows]
+    w = [1 / ti**2 for ti in t]
+    sw, swx, swt = sum(w), sum(wi * xi for wi, xi in zip(w, x, strict=True)), \
+        sum(wi * ti for wi, ti in zip(w, t, strict=True))
+    swxx = sum(wi * xi * xi for wi, xi in zip(w, x, strict=True))
+    swxt = sum(wi * xi * ti for wi, xi, ti in zip(w, x, t, strict=True))
+    seconds_per_byte = (sw * swxt - swx * swt) / (sw * swxx - swx**2)
+    latency = (swt - seconds_per_byte * swx) / sw
+    if latency < 0:
+        latency, seconds_per_byte = 0.0, swxt / swxx
+    errors = [(latency + seconds_per_byte * xi - ti) / ti for xi, ti in zip(x, t, strict=True)]
+    return {"latency_s": latency, "bus_bandwidth_gb_s": 1 / seconds_per_byte / 1e9,
+            "relative_rms_error": math.sqrt(sum(e * e for e in errors) / len(errors)),
+            "sizes": len(rows)}
+
+
+def allreduce_model_s(fit, world_size, nbytes):
+    """The fitted model's two terms, and their sum, for one all-reduce of ``nbytes``."""
+    bandwidth = allreduce_floor_s(world_size, nbytes, fit["bus_bandwidth_gb_s"])
+    return {"latency_s": fit["latency_s"], "bandwidth_s": bandwidth,
+            "total_s": fit["latency_s"] + bandwidth}
 
 
 def analyse(raw, plan):
-    """The report's figures: scaling, loop overhead, communication, data path."""
+    """The report's figures: scaling, loop overhead, communication, data path, precision."""
     allreduce = allreduce_rows(raw["allreduce"])
+    fits = {w: fit_allreduce(rows, w) for w, rows in allreduce.items()}
     facts = {c.name: model_facts(c, data.DATASETS[plan.dataset]) for c in plan.configs}
+    n = plan.world_size
     return {
         "scaling": [row for config in plan.configs
-                    for row in scaling_rows(raw, plan, config, allreduce, facts[config.name])],
+                    for row in scaling_rows(raw, plan, config, fits, facts[config.name])],
         "loop_overhead": [loop_overhead_row(raw["loop_overhead"][c.name], c)
                           for c in plan.configs],
         "communication": {
@@ -57,10 +94,14 @@ def analyse(raw, plan):
             "peak_bus_bandwidth_gb_s": {
                 str(w): max(r["bus_bandwidth_gb_s"]["median"] for r in rows)
                 for w, rows in allreduce.items()},
-            "exposed": [exposed_row(raw, plan, c, allreduce, facts[c.name])
-                        for c in plan.configs] if plan.world_size > 1 else [],
+            "allreduce_model": {str(w): fit for w, fit in fits.items()},
+            "exposed": [exposed_row(raw, plan, c, fits[n], facts[c.name])
+                        for c in plan.configs] if n > 1 else [],
+            "trials": trial_rows(raw, plan, plan.configs[0]) if n > 1 else [],
         },
         "data_path": data_path_section(raw["data_path"], plan.configs[0]),
+        "precision": [row for c in plan.configs if c.name in raw.get("precision", {})
+                      for row in precision_rows(raw["precision"][c.name], c)],
     }
 
 
@@ -90,7 +131,7 @@ def samples_per_s(raw, config, world_size, batch_size, variant=COURSE):
             for s in step_s(raw, config, world_size, batch_size, variant)]
 
 
-def scaling_rows(raw, plan, config, allreduce, facts):
+def scaling_rows(raw, plan, config, fits, facts):
     """Weak and strong scaling of one config at every world size, against one process."""
     rows, n = [], plan.world_size
     for mode in ("weak", "strong"):
@@ -102,9 +143,8 @@ def scaling_rows(raw, plan, config, allreduce, facts):
             sps = samples_per_s(raw, config, w, batch_for(w))
             predicted = None
             if mode == "weak" and w > 1:
-                # One process's step plus the all-reduce floor, nothing overlapped.
-                bandwidth = bus_bandwidth_at(allreduce[w], facts["gradient_bytes"])
-                floor = allreduce_floor_s(w, facts["gradient_bytes"], bandwidth)
+                # One process's step plus the fitted all-reduce, nothing overlapped.
+                floor = allreduce_model_s(fits[w], w, facts["gradient_bytes"])["total_s"]
                 predicted = one_step_s / (one_step_s + floor)
             rows.append({
                 "config": config.name, "model": config.label, "mode": mode,
@@ -117,21 +157,41 @@ def scaling_rows(raw, plan, config, allreduce, facts):
     return rows
 
 
-def exposed_row(raw, plan, config, allreduce, facts):
+def differences(a, b):
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def exposed_row(raw, plan, config, fit, facts):
     """At N processes: the course's DDP step against the same step under no_sync (the
-    communication it exposes) and against DDP's defaults (the buffer broadcast)."""
+    communication it exposes), split into the sync, latency and bandwidth terms and the
+    rest; and against DDP's defaults (the buffer broadcast)."""
     n, b = plan.world_size, config.batch_size
     ddp, no_sync = step_s(raw, config, n, b), step_s(raw, config, n, b, NO_SYNC)
+    sync, flat = step_s(raw, config, n, b, SYNC), step_s(raw, config, n, b, FLAT)
     buffer_sync = step_s(raw, config, n, b, BUFFER_SYNC)
-    exposed = [d - s for d, s in zip(ddp, no_sync, strict=True)]
-    bandwidth = bus_bandwidth_at(allreduce[n], facts["gradient_bytes"])
+    exposed = differences(ddp, no_sync)
+    one_float = differences(sync, no_sync)  # synchronising once, whatever the bytes
+    floor = allreduce_model_s(fit, n, facts["gradient_bytes"])
+    target = statistics.median(one_float) + 2 * floor["bandwidth_s"]
     return {
         "config": config.name, "model": config.label, "world_size": n, "batch_size": b,
         **facts,
         "ddp_step_s": summary(ddp), "no_sync_step_s": summary(no_sync),
         "exposed_s": summary(exposed), "exposed_fraction": per_round(exposed, ddp),
-        "bus_bandwidth_gb_s": bandwidth,
-        "floor_s": allreduce_floor_s(n, facts["gradient_bytes"], bandwidth),
+        "bus_bandwidth_gb_s": fit["bus_bandwidth_gb_s"],
+        "floor": floor, "floor_s": floor["total_s"],
+        "sync_step_s": summary(sync), "one_float_allreduce_s": summary(one_float),
+        "flat_step_s": summary(flat), "flat_allreduce_s": summary(differences(flat, no_sync)),
+        # exposed = sync + latency + bandwidth + unaccounted, round by round: the one-float
+        # all-reduce is an all-reduce's latency plus the ranks waiting for each other.
+        "breakdown": {
+            "sync_s": summary([c - floor["latency_s"] for c in one_float]),
+            "latency_s": floor["latency_s"], "bandwidth_s": floor["bandwidth_s"],
+            "unaccounted_s": summary([e - c - floor["bandwidth_s"]
+                                      for e, c in zip(exposed, one_float, strict=True)]),
+        },
+        "target": {"exposed_at_most_s": target,
+                   "met": statistics.median(exposed) <= target},
         "no_sync_efficiency": per_round(samples_per_s(raw, config, n, b, NO_SYNC),
                                         samples_per_s(raw, config, 1, b), 1 / n),
         # DDP(forward_sync_buffers=True), DDP's default: BatchNorm's running statistics
@@ -139,6 +199,25 @@ def exposed_row(raw, plan, config, allreduce, facts):
         "buffer_sync_step_s": summary(buffer_sync),
         "buffer_sync_slowdown": per_round(buffer_sync, ddp),
     }
+
+
+def trial_rows(raw, plan, config):
+    """Each trial of the plan at the course's step, against the course's DDP step of the
+    same rounds: its step time, speed-up and exposed communication (against no_sync)."""
+    n, b = plan.world_size, config.batch_size
+    ddp, no_sync = step_s(raw, config, n, b), step_s(raw, config, n, b, NO_SYNC)
+    rows = []
+    for trial in plan.trials:
+        if run_key(config.name, n, b, trial.name) not in raw["windows"]:
+            continue  # not runnable here (measure says why)
+        tried = step_s(raw, config, n, b, trial.name)
+        speedup = per_round(ddp, tried)
+        rows.append({"trial": trial.name, "what": trial.what, "config": config.name,
+                     "step_s": summary(tried), "speedup": speedup,
+                     "exposed_s": summary(differences(tried, no_sync)),
+                     # Kept only if faster in every round: one fast round is noise.
+                     "faster_every_round": speedup["min"] > 1})
+    return rows
 
 
 def loop_overhead_row(timings, config):
@@ -172,3 +251,22 @@ def data_path_section(path, config):
     return {"config": config.name, "model": config.label, "batch_size": config.batch_size,
             "workers": path["workers"], "worker_startup_s": path["worker_startup_s"],
             "rows": rows}
+
+
+def precision_rows(timings, config):
+    """fp32 against bf16, fp16 and gradient checkpointing at one step: speed and the
+    memory each keeps for backward (and, on GPUs, the step's peak allocation)."""
+    rates = {name: [t["samples"] / s for s in t["seconds"]]
+             for name, t in timings["timings"].items()}
+    saved, peak = timings["saved_bytes"], timings["peak_bytes"]
+    rows = []
+    for name in timings["timings"]:
+        rows.append({
+            "config": config.name, "model": config.label, "batch_size": config.batch_size,
+            "variant": name, "samples_per_s": summary(rates[name]),
+            "speedup": per_round(rates[name], rates["fp32"]),
+            "saved_bytes": saved[name], "saved_ratio": saved[name] / saved["fp32"],
+            "peak_bytes": peak[name],
+            "peak_ratio": None if peak[name] is None else peak[name] / peak["fp32"],
+        })
+    return rows

@@ -3,6 +3,7 @@
 The plan names the steps to time (``StepConfig``), the world sizes, the all-reduce message
 sizes and the scaling windows; ``make_plan`` derives it from the command's flags.
 """
+import os
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,45 @@ KB, MB = 2**10, 2**20
 # The settings train.py uses by default; speed does not depend on them, only fairness.
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
 # Variants of a scaling run: the course's DDP (train_ddp.wrap; no DDP at one process), the
-# same model stepped under no_sync (no gradient all-reduce), DDP with its defaults.
+# same model stepped under no_sync (no gradient all-reduce), DDP with its defaults, and
+# the no_sync step followed by an all-reduce of one float (what synchronising the ranks
+# once per step costs, whatever the bytes) or of one buffer as large as the gradients.
 COURSE, NO_SYNC, BUFFER_SYNC = "course", "no_sync", "buffer_sync"
+SYNC, FLAT = "sync", "flat"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A change to the course's DDP step tried at the course's batch, against it."""
+
+    name: str
+    what: str              # the change, in words, for the table
+    ddp: tuple = ()        # DDP options changed from train_ddp.wrap's, as (name, value)
+    pinned: bool = False   # each rank's threads on a core of their own
+    accumulate: int = 1    # micro-batches per optimizer step (one all-reduce per step)
+    gloo_threads: int = 0  # a gloo group of its own on the loopback device, this many threads
+
+
+# What item by item might cut DDP's exposed cost at the course's batch. DDP puts the
+# course CNN's 0.36 MB of gradients in one bucket (its first bucket holds 1 MB): the
+# all-reduce starts after the whole backward; smaller buckets start earlier, each one a
+# synchronisation of its own.
+TRIALS = (
+    Trial("grad_view", "gradient_as_bucket_view=True (gradients are views of the "
+          "buckets: no copy back)", ddp=(("gradient_as_bucket_view", True),)),
+    Trial("static_graph", "static_graph=True (the same parameters used every step)",
+          ddp=(("static_graph", True),)),
+    Trial("small_buckets", "bucket_cap_mb=0.1 (several buckets, the first all-reduce "
+          "overlapping the rest of backward)", ddp=(("bucket_cap_mb", 0.1),)),
+    Trial("accumulate_4", "--accumulate 4 (one all-reduce per 4 micro-batches; per "
+          "micro-batch)", accumulate=4),
+)
+CPU_TRIALS = (
+    Trial("pinned", "each rank's threads pinned to a core of their own "
+          "(os.sched_setaffinity)", pinned=True),
+    Trial("gloo_lo_1_thread", "a gloo group on the loopback device (GLOO_SOCKET_IFNAME=lo) "
+          "with 1 worker thread instead of 2", gloo_threads=1),
+)
 
 
 @dataclass(frozen=True)
@@ -27,11 +65,13 @@ class StepConfig:
     batch_size: int
     width: int = 0  # SmallCNN channels; 0 keeps the width the course trains
 
-    def build(self, info):
+    def build(self, info, grad_checkpointing=False):
         torch.manual_seed(0)
         if self.model == "cnn" and self.width:
-            return models.SmallCNN(info.in_channels, info.num_classes, self.width)
-        return models.build(self.model, info)
+            model = models.SmallCNN(info.in_channels, info.num_classes, self.width)
+            model.grad_checkpointing = grad_checkpointing
+            return model
+        return models.build(self.model, info, grad_checkpointing)
 
     def optimizer(self, model):
         """SGD as train.py builds it by default."""
@@ -61,6 +101,8 @@ class Plan:
     allreduce_min_reps: int
     loader_workers: int
     timeout_s: float
+    trials: tuple = ()       # Trial s timed at the course's step, N processes
+    precision_configs: tuple = ()  # names of the configs timed in fp32/bf16/fp16/checkpointed
 
 
 @dataclass(frozen=True)
@@ -78,10 +120,21 @@ class Window:
         return run_key(self.config.name, self.world_size, self.batch_size, self.variant)
 
     @property
+    def trial(self):
+        return next((t for t in (*TRIALS, *CPU_TRIALS) if t.name == self.variant), None)
+
+    @property
+    def model_variant(self):
+        """The variant whose model this window steps: the no_sync, sync and flat variants
+        and the trials that change no DDP option step the course's DDP model."""
+        trial = self.trial
+        own_model = self.variant == BUFFER_SYNC or (trial and (trial.ddp or trial.gloo_threads))
+        return self.variant if own_model else COURSE
+
+    @property
     def run(self):
-        """The key of the model it steps: no_sync steps the course's DDP model."""
-        return run_key(self.config.name, self.world_size, self.batch_size,
-                       BUFFER_SYNC if self.variant == BUFFER_SYNC else COURSE)
+        """The key of the model it steps."""
+        return run_key(self.config.name, self.world_size, self.batch_size, self.model_variant)
 
 
 def run_key(config_name, world_size, batch_size, variant=COURSE):
@@ -93,7 +146,9 @@ def scaling_windows(plan):
 
     Each config at each world size, at its batch (weak scaling) and at the batch that
     keeps the global batch of N processes (strong scaling); at N processes also the
-    weak-scaling run under no_sync and the same run wrapped with DDP's defaults.
+    weak-scaling run under no_sync, with one all-reduce of one float and of the
+    gradients' bytes after it, and wrapped with DDP's defaults; and the course's step
+    with each of the plan's trials.
     """
     n, windows = plan.world_size, []
     for config in plan.configs:
@@ -101,9 +156,21 @@ def scaling_windows(plan):
             for batch in sorted({config.batch_size, config.batch_size * n // w}):
                 windows.append(Window(config, w, batch))
         if n > 1:
-            windows += [Window(config, n, config.batch_size, NO_SYNC),
-                        Window(config, n, config.batch_size, BUFFER_SYNC)]
+            windows += [Window(config, n, config.batch_size, variant)
+                        for variant in (NO_SYNC, SYNC, FLAT, BUFFER_SYNC)]
+        if n > 1 and config == plan.configs[0]:
+            windows += [Window(config, n, config.batch_size, t.name) for t in plan.trials]
     return windows
+
+
+def trials_for(device_type, world_size, cores):
+    """The trials a machine can run: pinning needs Linux and a core per rank; a gloo group
+    of one's own, the CPU."""
+    if device_type != "cpu":
+        return TRIALS
+    runnable = [t for t in CPU_TRIALS if not t.pinned or (
+        hasattr(os, "sched_setaffinity") and cores >= world_size)]
+    return (*TRIALS, *runnable)
 
 
 def model_facts(config, info):
@@ -195,4 +262,10 @@ def make_plan(args, device):
         loader_workers=args.loader_workers if args.loader_workers is not None
         else min(4, hardware.cpu_cores()),
         timeout_s=args.timeout,
+        trials=trials_for(device.type, world_size, hardware.cpu_cores()) if world_size > 1
+        else (),
+        # On a CPU the course's step only: fp16 is emulated there, ~20x slower than fp32,
+        # and at batch 512 one fp16 step takes seconds.
+        precision_configs=tuple(c.name for c in configs) if device.type == "cuda"
+        else (configs[0].name,),
     )

@@ -1,5 +1,6 @@
 """The printed table: the report's JSON, formatted, one section per measurement."""
 from workshop_lib import runlog
+from workshop_lib.bench.analyse import allreduce_floor_s
 from workshop_lib.bench.plan import KB, MB
 
 
@@ -15,8 +16,9 @@ def format_bytes(nbytes):
 
 def format_report(report):
     sections = (header, scaling_section, loop_overhead_section, communication_section,
-                data_path_section)
-    return "\n\n".join("\n".join(section(report)) for section in sections)
+                data_path_section, precision_section)
+    return "\n\n".join("\n".join(section(report)) for section in sections
+                       if section(report))
 
 
 def header(report):
@@ -52,7 +54,7 @@ def scaling_section(report):
     } for r in report["scaling"]]
     return [
         "1. Scaling (efficiency = speed-up / processes; predicted: one process's step plus "
-        "the all-reduce floor, no overlap)",
+        "the fitted all-reduce at the gradients' size, no overlap)",
         runlog.format_table(rows, {
             "config": ("config", ""), "model": ("model", ""), "mode": ("mode", ""),
             "procs": ("procs", "d"), "batch": ("batch/proc", "d"), "global": ("global", "d"),
@@ -84,16 +86,26 @@ def communication_section(report):
     communication = report["communication"]
     lines = ["3. Communication"]
     for w, sweep in communication["allreduce"].items():
-        lines.append(f"all-reduce over {w} ranks (bus bandwidth = bytes / time * 2(N-1)/N)")
+        fit = communication["allreduce_model"][w]
+        lines.append(f"all-reduce over {w} ranks (bus bandwidth = bytes / time * 2(N-1)/N; "
+                     f"model: the fit below)")
         rows = [{"size": format_bytes(r["bytes"]),
                  "time": format_stats(r["seconds"], ".3f", 1e3),
+                 "model": fit["latency_s"] * 1e3 + allreduce_floor_s(
+                     int(w), r["bytes"], fit["bus_bandwidth_gb_s"]) * 1e3,
                  "bandwidth": format_stats(r["bus_bandwidth_gb_s"], ".3f"),
                  "n": r["seconds"]["n"]} for r in sweep]
         lines.append(runlog.format_table(rows, {
-            "size": ("size", ""), "time": ("time ms", ""), "bandwidth": ("bus GB/s", ""),
-            "n": ("n", "d")}))
+            "size": ("size", ""), "time": ("time ms", ""), "model": ("model ms", ".3f"),
+            "bandwidth": ("bus GB/s", ""), "n": ("n", "d")}))
+        lines.append(f"fitted (least squares on the medians, relative errors): time = "
+                     f"{fit['latency_s'] * 1e3:.3f} ms + 2(N-1)/N * bytes / "
+                     f"{fit['bus_bandwidth_gb_s']:.3f} GB/s (rms error "
+                     f"{fit['relative_rms_error']:.0%} over {fit['sizes']} sizes)")
     if communication["exposed"]:
         lines += exposed_tables(communication["exposed"])
+    if communication.get("trials"):
+        lines += trial_table(communication["trials"], communication["exposed"][0])
     return lines
 
 
@@ -105,23 +117,63 @@ def exposed_tables(exposed):
              "exposed": format_stats(r["exposed_s"], ".2f", 1e3),
              "floor": f"{r['floor_s'] * 1e3:.3f}",
              "no_sync_eff": format_stats(r["no_sync_efficiency"], ".2f"),
+             "one_float": format_stats(r["one_float_allreduce_s"], ".2f", 1e3),
+             "sync": format_stats(r["breakdown"]["sync_s"], ".2f", 1e3),
+             "latency": f"{r['breakdown']['latency_s'] * 1e3:.3f}",
+             "bandwidth": f"{r['breakdown']['bandwidth_s'] * 1e3:.3f}",
+             "rest": format_stats(r["breakdown"]["unaccounted_s"], ".2f", 1e3),
+             "flat": format_stats(r["flat_allreduce_s"], ".2f", 1e3),
+             "target": f"<= {r['target']['exposed_at_most_s'] * 1e3:.2f} "
+                       f"{'met' if r['target']['met'] else 'not met'}",
              "buffer_sync": format_stats(r["buffer_sync_step_s"], ".2f", 1e3),
              "slowdown": format_stats(r["buffer_sync_slowdown"], ".2f")} for r in exposed]
     return [
         "exposed communication: DDP step (train_ddp.wrap) vs the same step under no_sync; "
-        "floor = 2(N-1)/N * gradient bytes / bus bandwidth at that size",
+        "floor = the fitted all-reduce of the gradients (latency + 2(N-1)/N * bytes / bus "
+        "bandwidth)",
         runlog.format_table(rows, {
             "config": ("config", ""), "model": ("model", ""), "procs": ("procs", "d"),
             "batch": ("batch/proc", "d"), "grad": ("grad MB", ""),
             "ddp": ("DDP step ms", ""), "no_sync": ("no_sync step ms", ""),
             "exposed": ("exposed ms", ""), "floor": ("floor ms", ""),
             "no_sync_eff": ("efficiency without all-reduce", "")}),
+        "exposed communication per step, split: sync = the no_sync step plus an all-reduce "
+        "of one float, over the no_sync step, less the fit's latency (the ranks waiting for "
+        "each other); latency and bandwidth = the fit at the gradients' size; rest = "
+        "exposed - one float - bandwidth. Flat: one all-reduce of the gradients' bytes "
+        "after the no_sync step instead of DDP's. Target: exposed <= one float + 2 x "
+        "bandwidth",
+        runlog.format_table(rows, {
+            "config": ("config", ""), "exposed": ("exposed ms", ""),
+            "one_float": ("one float ms", ""), "sync": ("sync ms", ""),
+            "latency": ("latency ms", ""), "bandwidth": ("bandwidth ms", ""),
+            "rest": ("rest ms", ""), "flat": ("flat all-reduce ms", ""),
+            "target": ("target ms", "")}),
         "the same step with DDP defaults (forward_sync_buffers=True: BatchNorm buffers "
         "re-sent from rank 0 before every forward), which train_ddp.wrap turns off",
         runlog.format_table(rows, {
             "config": ("config", ""), "model": ("model", ""), "procs": ("procs", "d"),
             "batch": ("batch/proc", "d"), "ddp": ("DDP step ms", ""),
             "buffer_sync": ("DDP defaults ms", ""), "slowdown": ("slowdown", "")}),
+    ]
+
+
+def trial_table(trials, course):
+    rows = [{"trial": r["trial"], "step": format_stats(r["step_s"], ".2f", 1e3),
+             "speedup": format_stats(r["speedup"], ".2f"),
+             "exposed": format_stats(r["exposed_s"], ".2f", 1e3),
+             "verdict": "faster every round" if r["faster_every_round"] else ""}
+            for r in trials]
+    return [
+        f"trials at the {course['config']} step (batch {course['batch_size']} per process): "
+        f"each change to train_ddp.wrap's DDP against it, in the same rounds (course DDP "
+        f"step {format_stats(course['ddp_step_s'], '.2f', 1e3)} ms, exposed "
+        f"{format_stats(course['exposed_s'], '.2f', 1e3)} ms); exposed = the trial's step "
+        f"- the no_sync step",
+        runlog.format_table(rows, {
+            "trial": ("trial", ""), "step": ("step ms", ""), "speedup": ("speed-up", ""),
+            "exposed": ("exposed ms", ""), "verdict": ("verdict", "")}),
+        *(f"  {r['trial']}: {r['what']}" for r in trials),
     ]
 
 
@@ -139,3 +191,30 @@ def data_path_section(report):
             "what": ("samples/s", ""), "tensor": ("TensorLoader", ""),
             "loader": ("DataLoader", ""), "ratio": ("ratio", "")}),
     ]
+
+
+def precision_section(report):
+    rows = [{"config": r["config"], "model": r["model"], "batch": r["batch_size"],
+             "variant": r["variant"], "sps": format_stats(r["samples_per_s"], ",.0f"),
+             "speedup": format_stats(r["speedup"], ".2f"),
+             "saved": f"{r['saved_bytes'] / MB:.2f}", "saved_ratio": f"{r['saved_ratio']:.2f}",
+             "peak": "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / MB:.1f}",
+             "peak_ratio": "" if r["peak_ratio"] is None else f"{r['peak_ratio']:.2f}"}
+            for r in report.get("precision", [])]
+    if not rows:
+        return []
+    lines = [
+        "5. Precision and gradient checkpointing (one process; autocast via --amp, "
+        "checkpointing via --grad-checkpointing; memory: bytes saved for backward, and on "
+        "GPUs the step's peak allocation; ratios against fp32 of the same round)",
+        runlog.format_table(rows, {
+            "config": ("config", ""), "model": ("model", ""), "batch": ("batch", "d"),
+            "variant": ("variant", ""), "sps": ("samples/s", ""), "speedup": ("speed-up", ""),
+            "saved": ("saved MB", ""), "saved_ratio": ("saved ratio", ""),
+            "peak": ("GPU peak MB", ""), "peak_ratio": ("peak ratio", "")}),
+    ]
+    if report["setup"]["device"] == "cpu":
+        lines.append("fp16 on a CPU: most CPUs have no float16 arithmetic, so autocast's "
+                     "float16 is emulated and slow here; it is there to compare with a GPU, "
+                     "where Tensor Cores run it")
+    return lines

@@ -1,4 +1,5 @@
-"""The measurements one process takes alone: loop overhead and the data path.
+"""The measurements one process takes alone: loop overhead, the data path, and the step
+in fp32, bf16, fp16 and with gradient checkpointing.
 
 Rank 0 runs these after the process group has been left, while the other ranks have
 exited: no rank waits in a collective for minutes of single-process work (with Wide
@@ -12,8 +13,8 @@ import time
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from workshop_lib import data, hardware, scaling, train
-from workshop_lib.precision import PLAIN
+from workshop_lib import data, hardware, memory, scaling, train
+from workshop_lib.precision import PLAIN, Precision
 from workshop_lib.train import train_step  # the step learners run, timed as it is
 
 
@@ -29,6 +30,9 @@ def alone(plan, device, train_set, info):
     log(f"loop overhead done ({time.perf_counter() - started:.0f} s)")
     results["data_path"] = data_path(plan, device, epoch_set, info, plan.configs[0])
     log(f"data path done ({time.perf_counter() - started:.0f} s)")
+    results["precision"] = {config.name: precision(plan, device, train_set, info, config)
+                            for config in plan.configs if config.name in plan.precision_configs}
+    log(f"precision and checkpointing done ({time.perf_counter() - started:.0f} s)")
     return results
 
 
@@ -131,3 +135,44 @@ def data_path(plan, device, epoch_set, info, config):
     }
     timings = interleaved_epochs(plan, device, loops, samples_per_epoch=len(epoch_set))
     return {"timings": timings, "workers": workers, "worker_startup_s": startup_s}
+
+
+# (name, --amp, gradient checkpointing): the worked example's memory and speed levers.
+PRECISION_VARIANTS = (("fp32", "off", False), ("bf16", "bf16", False), ("fp16", "fp16", False),
+                      ("fp32 checkpointed", "off", True))
+
+
+def step_memory(model, optimizer, batch, precision, device):
+    """Bytes one step saves for backward, and (GPU) its peak allocation above what was
+    allocated before it."""
+    saved = memory.SavedForBackward(model)
+    hardware.synchronize(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    memory.reset_peak(device)
+    with saved:
+        train_step(model, optimizer, *batch, precision)
+    hardware.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
+    return saved.bytes, peak
+
+
+def precision(plan, device, train_set, info, config):
+    """The step in each of PRECISION_VARIANTS, interleaved round by round, and its memory."""
+    loader = data.TensorLoader(
+        train_set, config.batch_size,
+        RandomSampler(train_set, generator=torch.Generator().manual_seed(0)), device,
+        drop_last=True)
+    batches = list(loader)[:8]  # the same few batches for every variant
+    steps, saved, peak = {}, {}, {}
+    for name, amp, checkpointed in PRECISION_VARIANTS:
+        model = config.build(info, grad_checkpointing=checkpointed).to(device)
+        optimizer, mode = config.optimizer(model), Precision(amp, device)
+        saved[name], peak[name] = step_memory(model, optimizer, batches[0], mode, device)
+        cycle = iter(range(10**12))
+
+        def step(model=model, optimizer=optimizer, mode=mode, cycle=cycle):
+            train_step(model, optimizer, *batches[next(cycle) % len(batches)], mode)
+
+        steps[name] = step
+    timings = interleaved_epochs(plan, device, steps, samples_per_epoch=config.batch_size)
+    return {"timings": timings, "saved_bytes": saved, "peak_bytes": peak}
