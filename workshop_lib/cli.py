@@ -30,7 +30,11 @@ def add_common_args(parser, default_out):
     add("--dataset", default="auto", choices=data.DATASET_CHOICES,
         help="auto: fashion-mnist if downloaded, else digits (default: %(default)s)")
     add("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR,
-        help="folder holding downloaded datasets (default: %(default)s)")
+        help="folder holding downloaded datasets, or the shards with --data-format shards "
+             "(default: %(default)s)")
+    add("--data-format", default="memory", choices=("memory", "shards"),
+        help="memory: the dataset as tensors on the device; shards: WebDataset record shards "
+             "in --data-dir, read rank by rank (default: %(default)s)")
     add("--model", default="cnn", help="cnn, wrn-16-4 or wrn-16-10 (default: %(default)s)")
     add("--epochs", type=int, default=10, help="default: %(default)s")
     add("--batch-size", type=int, default=64,

@@ -14,6 +14,7 @@ host or device memory:
 
     python -m workshop_lib.data list
     python -m workshop_lib.data download fashion-mnist [--data-dir DIR]
+    python -m workshop_lib.data shards digits --out DIR --num-shards 8   (notebook 06)
 """
 import argparse
 import math
@@ -95,8 +96,13 @@ def auto_choice_message(data_dir=DEFAULT_DATA_DIR):
     )
 
 
-def load(name="auto", data_dir=DEFAULT_DATA_DIR):
-    """Return ``(train_set, val_set, info)`` for a dataset name (or ``auto``)."""
+def load(name="auto", data_dir=DEFAULT_DATA_DIR, data_format="memory"):
+    """Return ``(train_set, val_set, info)`` for a dataset name (or ``auto``); with
+    ``data_format="shards"``, the record shards in ``data_dir`` (``shards.Split`` s)."""
+    if data_format == "shards":
+        from workshop_lib import shards
+
+        return shards.open_dataset(data_dir)
     name = resolve_name(name, data_dir)
     if name == "fashion-mnist":
         train_set, val_set = _load_fashion_mnist(Path(data_dir))
@@ -245,6 +251,23 @@ def download(name, data_dir=DEFAULT_DATA_DIR):
     print(f"fashion-mnist ready in {fashion_mnist_raw_dir(data_dir)}")
 
 
+def write_shards(args):
+    from workshop_lib import shards
+
+    if args.from_tfrecord:
+        if not args.shape:
+            raise CourseError("--from-tfrecord needs --shape, e.g. --shape 1,8,8")
+        shape = tuple(int(n) for n in args.shape.split(","))
+        info = DatasetInfo("tfrecord", shape[0], shape[-1], 10, 0, "from TFRecord files")
+        index = shards.write_index(args.out, info, *(
+            shards.tfrecord_samples(path, shape=shape) for path in args.from_tfrecord),
+            num_shards=args.num_shards)
+    else:
+        index = shards.write_dataset(args.name, args.out, args.num_shards, args.data_dir)
+    print(f"{args.out}: {len(index['train'])} training shards ({sum(index['train']):,} "
+          f"samples), {len(index['val'])} validation shards ({sum(index['val']):,})")
+
+
 @exit_cleanly_on_course_error
 def main(argv=None):
     from workshop_lib import cli
@@ -255,11 +278,22 @@ def main(argv=None):
     sub.add_parser("list", help="list the datasets and whether each is available here")
     get = sub.add_parser("download", help="download a dataset into the data folder")
     get.add_argument("name", choices=list(DATASETS))
+    shard = sub.add_parser("shards", help="write a dataset as WebDataset record shards")
+    shard.add_argument("name", choices=list(DATASETS), nargs="?", default="digits")
+    shard.add_argument("--out", type=Path, required=True, help="folder for the shards")
+    shard.add_argument("--num-shards", type=int, default=8)
+    shard.add_argument("--from-tfrecord", type=Path, nargs=2, metavar=("TRAIN", "VAL"),
+                       help="convert these TFRecord files (tf.train.Example with a float "
+                            "'image' list and an int64 'label') instead of a course dataset")
+    shard.add_argument("--shape", default=None, help="the images' shape, e.g. 1,8,8 "
+                                                     "(with --from-tfrecord)")
     for p in sub.choices.values():
         p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     args = parser.parse_args(argv)
     if args.command == "download":
         download(args.name, args.data_dir)
+    elif args.command == "shards":
+        write_shards(args)
     else:
         for info in DATASETS.values():
             state = "available" if is_available(info.name, args.data_dir) else "not downloaded"

@@ -26,13 +26,14 @@ from workshop_lib import (
     optim,
     runlog,
     scaling,
+    shards,
 )
 from workshop_lib.errors import exit_cleanly_on_course_error
 from workshop_lib.precision import PLAIN, Precision
 
 
 def load_train_objs(args, device):
-    train_set, val_set, info = data.load(args.dataset, args.data_dir)
+    train_set, val_set, info = data.load(args.dataset, args.data_dir, args.data_format)
     torch.manual_seed(args.seed)
     model = models.build(args.model, info, args.grad_checkpointing)
     # channels_last: the layout Tensor Cores' convolutions read fastest (GPUs only).
@@ -45,6 +46,8 @@ def memory_format(args):
 
 
 def prepare_dataloaders(args, train_set, val_set, device):
+    if args.data_format == "shards":  # record shards, read rank by rank (notebook 06)
+        return shards.loaders(train_set, val_set, args, device, rank=0, world_size=1)
     train_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     val_sampler = SequentialSampler(val_set)
     train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device,

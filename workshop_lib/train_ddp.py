@@ -32,13 +32,14 @@ from workshop_lib import (
     optim,
     runlog,
     scaling,
+    shards,
 )
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
 from workshop_lib.precision import PLAIN, Precision
 
 
 def load_train_objs(args, device):
-    train_set, val_set, info = data.load(args.dataset, args.data_dir)
+    train_set, val_set, info = data.load(args.dataset, args.data_dir, args.data_format)
     torch.manual_seed(args.seed)
     model = models.build(args.model, info, args.grad_checkpointing)
     # channels_last: the layout Tensor Cores' convolutions read fastest (GPUs only).
@@ -65,6 +66,8 @@ def wrap(model, device, process_group=None):
 
 def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):
     # Each rank draws a disjoint 1/world_size of a permutation that all ranks agree on.
+    if args.data_format == "shards":  # record shards, read rank by rank (notebook 06)
+        return shards.loaders(train_set, val_set, args, device, rank, world_size)
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=args.seed)
     # Validation shards without DistributedSampler's padding, so the counts are exact.
     val_sampler = data.ShardSampler(val_set, rank, world_size)
