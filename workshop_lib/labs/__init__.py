@@ -15,7 +15,8 @@ sets it) the exercise cells use them. (The assessment's solution is not here: it
 with the instructor.)
 
 Exercises, by notebook: ``welcome`` (00), ``sgd`` (01), ``sampler``, ``conversion`` and
-``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04).
+``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04), ``overlap``, ``buckets`` and
+``zero1`` (07).
 """
 import inspect
 from collections.abc import Callable
@@ -65,6 +66,7 @@ def _load():
         conversion,
         debugging,
         from_scratch,
+        inside_ddp,
         sampler,
         sgd,
         welcome,
