@@ -150,10 +150,13 @@ def test_every_trial_and_precision_row_is_measured(quick_bench):
                                report["hardware"]["cpu_cores"])
     assert [t["trial"] for t in trials] == [t.name for t in expected]
     for row in trials:
-        stats_are_sane(row["step_s"])
-        stats_are_sane(row["speedup"])
-        stats_are_sane(row["exposed_s"], positive=False)
+        for key in ("step_s", "speedup", "no_sync_step_s", "no_sync_speedup"):
+            stats_are_sane(row[key])
+        for key in ("exposed_s", "one_float_allreduce_s", "unaccounted_s"):
+            stats_are_sane(row[key], positive=False)
         assert row["faster_every_round"] == (row["speedup"]["min"] > 1)
+        assert row["target"]["exposed_at_most_s"] == pytest.approx(
+            row["one_float_allreduce_s"]["median"] + 2 * row["bandwidth_s"])
     rows = report["precision"]
     assert [(r["config"], r["variant"]) for r in rows] == [
         ("course", name) for name, _, _ in solo.PRECISION_VARIANTS]
@@ -254,15 +257,21 @@ def test_every_plan_window_has_a_model_and_the_trials_share_the_course_model():
     windows = plan.scaling_windows(bench_plan)
     assert len({w.key for w in windows}) == len(windows)
     course, n = bench_plan.configs[0], bench_plan.world_size
-    by_variant = {w.variant: w for w in windows if w.config == course and w.world_size == n
-                  and w.batch_size == course.batch_size}
-    course_run = by_variant[plan.COURSE].run
-    for variant in (plan.NO_SYNC, plan.SYNC, plan.FLAT, "pinned", "accumulate_4"):
-        assert by_variant[variant].run == course_run, variant  # the same DDP model
-    for variant in (plan.BUFFER_SYNC, "grad_view", "static_graph", "small_buckets",
-                    "gloo_lo_1_thread"):
-        assert by_variant[variant].run != course_run, variant  # a DDP of its own
-    # Trials only at the course's step.
+    at_n = [w for w in windows if w.config == course and w.world_size == n
+            and w.batch_size == course.batch_size]
+    course_run = plan.Window(course, n, course.batch_size).run
+    for window in at_n:
+        trial = window.trial
+        # DDP's defaults and trials of DDP options have a model of their own; no_sync,
+        # the all-reduces after it, pinning and accumulation step the course's model.
+        own = window.variant == plan.BUFFER_SYNC or bool(trial and (trial.ddp or
+                                                                   trial.gloo_threads))
+        assert (window.run != course_run) == own, window
+    # Each trial: as DDP, under no_sync, and with the one-float all-reduce; at the
+    # course's step only.
+    for trial in bench_plan.trials:
+        assert sorted(w.variant for w in windows if w.trial_name == trial.name) == sorted(
+            [plan.COURSE, plan.NO_SYNC, plan.SYNC])
     assert not [w for w in windows if w.trial and w.config != course]
 
 
@@ -274,7 +283,8 @@ def test_trials_a_machine_cannot_run_are_left_out():
 
 def test_an_accumulating_window_takes_whole_groups_of_micro_batches():
     run = measure.Run(model=None, optimizer=None, batches=None, world_size=2, steps=10)
-    accumulate = plan.Window(plan.StepConfig("course", "cnn", 32), 2, 32, "accumulate_4")
+    accumulate = plan.Window(plan.StepConfig("course", "cnn", 32), 2, 32, plan.COURSE,
+                             "accumulate_4")
     assert measure.window_steps(accumulate, run) == 8
     assert measure.window_steps(plan.Window(accumulate.config, 2, 32), run) == 10
     run.steps = 3

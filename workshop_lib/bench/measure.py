@@ -189,7 +189,8 @@ def wrap(model, device, group, variant=COURSE, trial=None, trial_group=None):
 
 
 def model_for(world, config, world_size, variant=COURSE):
-    """``config``'s model on this rank's device, DDP-wrapped where ranks share it."""
+    """``config``'s model on this rank's device, DDP-wrapped where ranks share it;
+    ``variant``: COURSE, BUFFER_SYNC or the name of a trial that changes DDP."""
     model = config.build(world.info).to(world.device)
     if world_size == 1:
         return model
@@ -223,10 +224,13 @@ def build_run(world, window):
             f"{len(sampler)} samples of {world.plan.dataset} (strong scaling runs one "
             f"process at --batch-size x {world.plan.world_size}); use a smaller --batch-size"
         )
+    trial = window.trial
+    group = world.trial_groups.get(trial.gloo_threads) if trial else None
     run = Run(model, window.config.optimizer(model), endless(loader, sampler), w,
-              world.group(w))
-    if w > 1 and window.model_variant == COURSE:
+              group or world.group(w))
+    if w > 1:
         run.one_float = torch.zeros(1, device=world.device)
+    if w > 1 and window.model_variant == COURSE:
         run.gradient_buffer = torch.zeros(sum(p.numel() for p in model.parameters()),
                                           device=world.device)
     return run
@@ -260,7 +264,8 @@ def pinned(world):
 
 def accumulated_step(run, k):
     """One optimizer step over ``k`` micro-batches, as train_ddp.train_epoch takes it:
-    no_sync() for all but the last backward, so one all-reduce per step."""
+    no_sync() for all but the last backward, so one all-reduce per step (none inside an
+    enclosing no_sync(), which the inner one leaves as it found it)."""
     for i in range(k):
         x, y = next(run.batches)
         with run.model.no_sync() if i < k - 1 else contextlib.nullcontext():
@@ -286,6 +291,8 @@ def timed_window(world, run, window=None, steps=None):
         if trial is not None and trial.accumulate > 1:
             for _ in range(steps // trial.accumulate):
                 accumulated_step(run, trial.accumulate)
+                if after is not None:  # once per optimizer step
+                    dist.all_reduce(after, group=run.group)
         else:
             for _ in range(steps):
                 train_step(run.model, run.optimizer, *next(run.batches))

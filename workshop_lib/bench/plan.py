@@ -108,28 +108,32 @@ class Plan:
 @dataclass(frozen=True)
 class Window:
     """One timed window of the scaling section: ``config``'s model stepped by the first
-    ``world_size`` ranks at ``batch_size`` per rank, as ``variant`` says."""
+    ``world_size`` ranks at ``batch_size`` per rank, as ``variant`` says, with the change
+    that trial ``trial_name`` makes (none by default)."""
 
     config: StepConfig
     world_size: int
     batch_size: int
     variant: str = COURSE
+    trial_name: str = ""
 
     @property
     def key(self):
-        return run_key(self.config.name, self.world_size, self.batch_size, self.variant)
+        return run_key(self.config.name, self.world_size, self.batch_size, self.variant,
+                       self.trial_name)
 
     @property
     def trial(self):
-        return next((t for t in (*TRIALS, *CPU_TRIALS) if t.name == self.variant), None)
+        return next((t for t in (*TRIALS, *CPU_TRIALS) if t.name == self.trial_name), None)
 
     @property
     def model_variant(self):
-        """The variant whose model this window steps: the no_sync, sync and flat variants
-        and the trials that change no DDP option step the course's DDP model."""
+        """Whose model this window steps: DDP's defaults and the trials that change DDP's
+        options have their own; every other window steps the course's DDP model."""
         trial = self.trial
-        own_model = self.variant == BUFFER_SYNC or (trial and (trial.ddp or trial.gloo_threads))
-        return self.variant if own_model else COURSE
+        if trial and (trial.ddp or trial.gloo_threads):
+            return trial.name
+        return BUFFER_SYNC if self.variant == BUFFER_SYNC else COURSE
 
     @property
     def run(self):
@@ -137,8 +141,9 @@ class Window:
         return run_key(self.config.name, self.world_size, self.batch_size, self.model_variant)
 
 
-def run_key(config_name, world_size, batch_size, variant=COURSE):
-    return f"{config_name}/{world_size}x{batch_size}/{variant}"
+def run_key(config_name, world_size, batch_size, variant=COURSE, trial_name=""):
+    key = f"{config_name}/{world_size}x{batch_size}/{variant}"
+    return f"{key}+{trial_name}" if trial_name else key
 
 
 def scaling_windows(plan):
@@ -148,7 +153,8 @@ def scaling_windows(plan):
     keeps the global batch of N processes (strong scaling); at N processes also the
     weak-scaling run under no_sync, with one all-reduce of one float and of the
     gradients' bytes after it, and wrapped with DDP's defaults; and the course's step
-    with each of the plan's trials.
+    with each of the plan's trials, as DDP, under no_sync and with the one-float
+    all-reduce (so that each trial gets its own split of the exposed communication).
     """
     n, windows = plan.world_size, []
     for config in plan.configs:
@@ -159,7 +165,8 @@ def scaling_windows(plan):
             windows += [Window(config, n, config.batch_size, variant)
                         for variant in (NO_SYNC, SYNC, FLAT, BUFFER_SYNC)]
         if n > 1 and config == plan.configs[0]:
-            windows += [Window(config, n, config.batch_size, t.name) for t in plan.trials]
+            windows += [Window(config, n, config.batch_size, variant, t.name)
+                        for t in plan.trials for variant in (COURSE, NO_SYNC, SYNC)]
     return windows
 
 
