@@ -1,4 +1,5 @@
-"""Is N processes x batch b the same as one process with batch N x b? (notebook 03)
+"""Is N processes x batch b the same as one process with batch N x b? Are k micro-batches
+one k-times larger batch? (notebooks 03 and 05)
 
 DDP averages the gradients of the ranks' batches, which is the gradient of the global
 batch, so the same steps follow, with one exception: BatchNorm. A BatchNorm layer
@@ -8,6 +9,9 @@ process with the global batch, unless its layers are SyncBatchNorm, which comput
 statistics over all ranks (CUDA only). Measured here, in one torchrun launch: K steps of
 DDP on each rank's batch against K steps of one process (rank 0) on the ranks' batches put
 together, for the course CNN without BatchNorm, with it, and (on GPUs) with SyncBatchNorm.
+And gradient accumulation as the training scripts do it (``--accumulate``): k micro-batches
+with ``no_sync()`` for all but the last, against one step on their union, counting the
+gradient all-reduces each way.
 
     torchrun --standalone --nproc-per-node=2 -m workshop_lib.equivalence --out eq.json
 """
@@ -18,6 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
@@ -75,6 +80,39 @@ def compare(variant, info, mine, union, device):
     return difference.item()
 
 
+def accumulation(info, mine, device, micro_batches=4):
+    """One optimizer step over ``micro_batches`` micro-batches with the training script's
+    own loop (``no_sync`` for all but the last) against one step on their union: the
+    parameters' largest difference, and the gradient all-reduces each way took."""
+    from workshop_lib import train, train_ddp
+    from workshop_lib.precision import PLAIN
+
+    x = torch.cat([xb for xb, _ in mine[:micro_batches]])
+    y = torch.cat([yb for _, yb in mine[:micro_batches]])
+    results, calls = {}, {}
+    # The DDP script's loop (no_sync), the single-device script's loop run on the DDP
+    # model (an all-reduce after every micro-batch), and one batch of them all.
+    loops = (("accumulated", train_ddp.train_epoch, len(x) // micro_batches),
+             ("accumulated_without_no_sync", train.train_epoch, len(x) // micro_batches),
+             ("one_batch", train_ddp.train_epoch, len(x)))
+    for name, train_epoch, batch in loops:
+        model = train_ddp.wrap(make_model(info, "bn_free", device), device)
+        calls[name] = []
+        model.register_comm_hook(None, lambda state, bucket, seen=calls[name]: (
+            seen.append(1), default_hooks.allreduce_hook(state, bucket))[1])
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        loader = data.TensorLoader(torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch,
+                                   range(len(x)), device)
+        train_epoch(model, loader, optimizer, torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 1.0), PLAIN, micro_batches if batch < len(x) else 1,
+            progress=False)
+        results[name] = list(model.module.parameters())
+    difference = max((a - b).abs().max().item() for name in results for a, b in
+                     zip(results[name], results["one_batch"], strict=True))
+    return {"micro_batches": micro_batches, "max_abs_difference": difference,
+            "all_reduces": {name: len(seen) for name, seen in calls.items()}}
+
+
 def measure(batch_size, device):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     train_set, _, info = data.load("digits")
@@ -82,7 +120,8 @@ def measure(batch_size, device):
     variants = ["bn_free", "batchnorm"] + (["sync_batchnorm"] if device.type == "cuda" else [])
     return {"world_size": world_size, "batch_size": batch_size, "steps": STEPS,
             "device": str(device),
-            "max_abs_difference": {v: compare(v, info, mine, union, device) for v in variants}}
+            "max_abs_difference": {v: compare(v, info, mine, union, device) for v in variants},
+            "accumulation": accumulation(info, mine, device)}
 
 
 @record_errors

@@ -53,3 +53,43 @@ def peak_mib(device):
     if torch.device(device).type != "cuda":
         return None
     return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def saved_bytes_per_step(model, x, y, precision):
+    """What one training step on (x, y) saves for backward (its gradients are discarded)."""
+    import torch.nn.functional as F
+
+    counter = SavedForBackward(model)
+    with counter, precision.autocast():
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.bytes
+
+
+def largest_batch(build_model, info, device, precision, start=32, limit=1 << 16):
+    """The largest power-of-two batch whose training step fits in the GPU's memory
+    (doubling until ``torch.OutOfMemoryError``); None on a CPU, which has no such limit
+    to find in reasonable time."""
+    import torch.nn.functional as F
+
+    if torch.device(device).type != "cuda":
+        return None
+    model, fits, batch = build_model().to(device), None, start
+    while batch <= limit:
+        try:
+            x = torch.randn(batch, info.in_channels, info.image_size, info.image_size,
+                            device=device)
+            y = torch.randint(0, info.num_classes, (batch,), device=device)
+            with precision.autocast():
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            torch.cuda.synchronize(device)
+            fits, batch = batch, batch * 2
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            model.zero_grad(set_to_none=True)
+            x = y = loss = None
+            torch.cuda.empty_cache()
+    return fits

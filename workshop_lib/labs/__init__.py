@@ -15,8 +15,8 @@ sets it) the exercise cells use them. (The assessment's solution is not here: it
 with the instructor.)
 
 Exercises, by notebook: ``welcome`` (00), ``sgd`` (01), ``sampler``, ``conversion`` and
-``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04), ``overlap``, ``buckets`` and
-``zero1`` (07).
+``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04), ``fit_in_memory`` (05),
+``overlap``, ``buckets`` and ``zero1`` (07).
 """
 import inspect
 from collections.abc import Callable
@@ -70,6 +70,7 @@ def _load():
         sampler,
         sgd,
         welcome,
+        worked_example,
     )
     return EXERCISES
 
