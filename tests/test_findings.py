@@ -134,3 +134,44 @@ def test_the_batchnorm_caveat_is_judged_against_float_rounding():
     measured["max_abs_difference"]["sync_batchnorm"] = 3e-3
     assert not findings.batchnorm(measured)["sync_batchnorm"].holds
     assert findings.batchnorm(None)["batchnorm"].skipped
+
+
+def with_memory(val_acc, saved_mib, samples_per_s, global_batch=128):
+    r = run([0.5, val_acc], samples_per_s=samples_per_s, global_batch=global_batch)
+    for epoch in r.epochs:
+        epoch["saved_activation_bytes"] = saved_mib * 2**20
+    return r
+
+
+def test_precision_and_remedy_verdicts_follow_their_bars():
+    found = findings.precision({"fp32": with_memory(0.98, 4.0, 1000),
+                                "bf16": with_memory(0.975, 2.0, 1300),
+                                "fp16": with_memory(0.90, 2.0, 100)})
+    assert found["bf16"].holds and not found["fp16"].holds
+    found = findings.remedies({"plain": with_memory(0.98, 10.0, 1000),
+                               "accumulate": with_memory(0.98, 2.5, 900),
+                               "bf16": with_memory(0.98, 7.0, 1100)}, "plain")
+    assert found["accumulate"].holds and not found["bf16"].holds
+
+
+def test_accumulation_needs_the_same_step_and_fewer_all_reduces():
+    measured = {"micro_batches": 4, "max_abs_difference": 7e-9,
+                "all_reduces": {"accumulated": 1, "accumulated_without_no_sync": 4,
+                                "one_batch": 1}}
+    assert findings.accumulation(measured)["accumulation"].holds
+    measured["all_reduces"]["accumulated"] = 4
+    assert not findings.accumulation(measured)["accumulation"].holds
+
+
+def test_dataparallel_and_step_time_verdicts():
+    assert findings.dataparallel(None)["dataparallel"].skipped
+    result = {"gpus": 4, "speedup_ddp_over_dp": 1.8,
+              "gpu0_memory_over_mean_of_others": {"data_parallel": 1.6, "ddp": 1.0}}
+    assert findings.dataparallel(result)["dataparallel"].holds
+    median = {"measured_ms": 12.0, "compute_ms": 8.0, "communication_ms": 6.0,
+              "overlapped_ms": 2.0, "exposed_ms": 4.0, "accounted": {"median": 1.0}}
+    summary = {"setup": {"gradient_bytes": 2**20}, "ranks": [{"median": median}]}
+    found = findings.step_time(summary, floor_ms=0.5)
+    assert found["step_time"].holds and "8.0x it" in found["step_time"].text
+    median["accounted"]["median"] = 0.6
+    assert not findings.step_time(summary)["step_time"].holds

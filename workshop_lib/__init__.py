@@ -1,17 +1,51 @@
 """workshop_lib: the code behind the data-parallel training workshop.
 
-Modules, one idea each:
+Modules, one idea each (a test keeps this list complete):
 
-- ``data``       datasets (registry, loaders, samplers)
-- ``models``     the ``nn.Module`` s trained in the course
-- ``cli``        the flags both training scripts share, and their checks
-- ``scaling``    learning-rate scaling rules and warmup (notebook 03)
-- ``train``      the single-device training script
-- ``train_ddp``  the same script with DistributedDataParallel (notebook 02)
-- ``runlog``     the JSON-lines run record every training run writes
-- ``checkpoint`` atomic checkpoint files
-- ``hardware``   devices, backends, process counts, thread settings
-- ``doctor``     ``python -m workshop_lib doctor``: what this machine will do
+The training scripts and what they are made of
+- ``train``          the single-device training script
+- ``train_ddp``      the same script with DistributedDataParallel (notebook 02)
+- ``cli``            the flags both scripts share, and their checks
+- ``data``           datasets: registry, readers, samplers, the device-resident loader
+- ``shards``         datasets as WebDataset record shards, read rank by rank (notebook 06)
+- ``models``         the ``nn.Module`` s trained in the course
+- ``scaling``        learning-rate rules and warmup (notebook 03)
+- ``optim``          SGD with momentum, and LARS
+- ``precision``      ``--amp``: bf16 autocast, fp16 with a gradient scaler (notebook 05)
+- ``memory``         what a step saves for backward; the GPU's peak; the largest batch
+- ``metrics``        per-epoch records from summed metrics; the early stop
+- ``runlog``         the JSON-lines run record every run writes, and its reader
+- ``checkpoint``     training state, saved atomically, tagged with the job that wrote it
+- ``files``          files written whole or not at all
+- ``faults``         ``--inject-fault``: a rank that raises, dies or hangs (notebook 04)
+- ``errors``         one-line errors, and error files torchrun can read
+
+The machine, and processes
+- ``hardware``       the machine description every hardware choice reads
+- ``profile``        the workshop profile: where runs go, and their sizes
+- ``distributed``    joining and leaving process groups; job ids; free ports
+- ``launch``         a torchrun launcher with rank-tagged output and a failure summary
+- ``nodes``          several torchrun agents as the nodes of one job (notebook 06)
+- ``sweep``          many runs in one command: one device, one per GPU, or one launch
+- ``doctor``         ``python -m workshop_lib doctor``: what this machine will do
+
+Measurements
+- ``bench``          ``python -m workshop_lib.bench``: scaling, overhead, communication
+- ``trace``          ``python -m workshop_lib.trace``: where a DDP step's time goes
+- ``equivalence``    ranks against one process (BatchNorm), micro-batches against one batch
+- ``dataparallel``   ``nn.DataParallel`` against DDP on the same GPUs
+- ``naive_ddp``      data parallelism from two collectives, checked against DDP
+- ``inside_ddp``     overlap, buckets and ZeRO-1, built and checked (notebook 07)
+
+What the notebooks call
+- ``notebook``       the set-up every notebook runs first
+- ``findings``       the closing summaries, computed from run records
+- ``labs``           the exercises and their checks (``python -m workshop_lib.labs check``)
+- ``ddp_diff``       the annotated diff of the two training scripts
+- ``sgd_toy``        gradient descent on a problem small enough to see (notebook 01)
+- ``widgets``        the batch-size explorer
+- ``plots``          plots of run records
+- ``gpu_check``      ``make gpu-check``: the instructor's check of a GPU image
 """
 import os
 

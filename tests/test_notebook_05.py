@@ -1,0 +1,52 @@
+"""Notebook 05 executes in the CPU profile: each tool of the worked example is measured,
+the GPU-only parts say why they did not run, and the exercise's reference passes."""
+import pytest
+
+from conftest import execute_notebook, notebook_text_outputs
+from workshop_lib import findings, profile, runlog
+
+pytestmark = pytest.mark.slow  # starts processes: torchrun, papermill
+P = profile.get_profile("cpu", "digits")
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("05")
+    notebook = execute_notebook("05_worked_example.ipynb", runs)
+    return runs, notebook_text_outputs(notebook)
+
+
+def test_precision_runs_record_what_they_change(executed):
+    runs, text = executed
+    precision = runlog.read_all(runs / "precision")
+    assert {run.start["amp"] for run in precision.values()} == {"off", "bf16", "fp16"}
+    for run in precision.values():
+        assert run.final["val_acc"] >= 0.9 and run.epochs[0]["saved_activation_bytes"] > 0
+    for finding in findings.precision(precision):
+        assert finding.text in text
+
+
+def test_the_remedies_keep_the_global_batch_and_save_memory(executed):
+    runs, text = executed
+    remedies = runlog.read_all(runs / "remedies")
+    assert {run.start["global_batch_size"] for run in remedies.values()} == {4 * P.batch_size}
+    found = findings.remedies(remedies, "plain")
+    # Measured: accumulation saves 4x (a quarter of the batch per step), checkpointing half.
+    assert found["smaller_batch_accumulate"].holds and found["checkpointing"].holds
+    for finding in found:
+        assert finding.text in text
+    assert "Skipped: no GPU allocator to run out of" in text
+
+
+def test_accumulation_the_exercise_and_the_trace(executed):
+    runs, text = executed
+    equivalence = runlog.load_json(runs / "equivalence.json")
+    assert findings.accumulation(equivalence["accumulation"])["accumulation"].holds
+    assert "PASS: global batch 256 in" in text
+    assert "Skipped: DataParallel against DDP needs two GPUs" in text
+    trace = runlog.load_json(runs / "trace" / "summary.json")
+    assert trace["setup"]["world_size"] == P.nproc
+    assert (runs / "trace" / "trace_rank0.json").is_file()
+    found = findings.step_time(trace)
+    assert found["step_time"].holds, found["step_time"].text  # compute + exposed ~ the step
+    assert found["step_time"].text in text
