@@ -4,6 +4,7 @@ The step is the course's own, ``train.train_step`` on a model wrapped by
 ``train_ddp.wrap``, with the optimizer ``train_ddp.py`` builds by default; only the
 profiler and a ``course step N`` span around each step are added.
 """
+import os
 import statistics
 import time
 from pathlib import Path
@@ -71,6 +72,10 @@ def profile_steps(args, device, rank, world_size, out):
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+    else:
+        # Without a GPU, kineto (the profiler's engine) logs "ERROR: gpuGetDeviceCount
+        # failed" on every rank; nothing is wrong. Its log level is read when it starts.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     with profile(activities=activities) as profiler:
         profiled = timed_steps(model, optimizer, batch_iter, precision, device, args.steps,
                                profiled=True)

@@ -4,15 +4,18 @@ The input is the ``traceEvents`` list of a Chrome/Perfetto trace that ``torch.pr
 exported (``trace_rank{r}.json``); nothing here runs a model. Each profiled step is a
 ``record_function`` span named ``course step N`` on the training thread. Within it:
 
-- **communication**: the collectives. On a CPU (gloo) ProcessGroupGloo runs each one on
-  one of its ``pt_gloo_runloop`` threads inside a ``gloo:all_reduce`` span (``gloo:``
-  plus the collective), from the moment that thread picks the work up until the reduced
-  result is in place, waiting for the other ranks included; the training thread only
-  launches it (``c10d::allreduce_``, a fraction of a millisecond), and that launch
-  counts as communication too. On GPUs (NCCL) the collective is a CUDA kernel on
+- **communication**: the collectives. On a CPU (gloo) the training thread only launches
+  each one (``c10d::allreduce_``, a fraction of a millisecond); ProcessGroupGloo runs it
+  on one of its ``pt_gloo_runloop`` threads inside a ``gloo:all_reduce`` span (``gloo:``
+  plus the collective's name), until the reduced result is in place, waiting for the
+  other ranks included. A collective counts from its launch to the end of that span
+  and, where the training thread sat blocked in its ``wait()`` (no operator of its own
+  running), on until that thread's next operator: waking up and being scheduled again
+  is part of what the step waited for. On GPUs (NCCL) the collective is a CUDA kernel on
   NCCL's own stream, ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)`` (``ncclKernel_...``
-  before NCCL 2.19); the CPU side only shows its launch (``nccl:all_reduce``,
-  ``record_param_comms``).
+  before NCCL 2.19), from the moment the stream starts it, waiting for the peers
+  included; the CPU side shows only its launch (``nccl:all_reduce``, ``c10d::allreduce_``,
+  ``record_param_comms``), which is not counted.
 - **compute**: on a CPU, every operator the training thread runs (forward, backward,
   DDP's gradient copies, the optimizer) except those launches; on GPUs, every other
   kernel, copy and memset on the device.
@@ -20,7 +23,7 @@ exported (``trace_rank{r}.json``); nothing here runs a model. Each profiled step
   communication time with no compute beside it (the step waited for it).
 
 ``other = step - compute - exposed`` is what neither covers: Python between operators,
-and the training thread waking up after a collective finished. Intervals are in the
+and on a busy machine the training thread waiting for a core. Intervals are in the
 trace's microseconds; the step figures are in milliseconds.
 """
 import statistics
