@@ -21,6 +21,7 @@ not samples:
 ``tfrecord_samples`` reads TFRecord files (written by TensorFlow pipelines) with the
 ``tfrecord`` package, no TensorFlow needed, so a learner's own records feed the same shards.
 """
+import contextlib
 import io
 import json
 import math
@@ -214,3 +215,64 @@ def tfrecord_samples(path, image_key="image", label_key="label", shape=None):
     for record in tfrecord_loader(str(path), None, {image_key: "float", label_key: "int"}):
         x = torch.as_tensor(record[image_key], dtype=torch.float32)
         yield (x.view(*shape) if shape else x), int(record[label_key][0])
+
+
+def uneven_epoch(folder, mode, batch_size, device):
+    """One epoch of DDP on the shards in ``folder``: ``equal`` steps (the course's
+    loader), ``uneven`` steps (each rank all its shards hold: the hang) or uneven steps
+    under DDP's ``Join`` (the other cure). Returns this rank's step count."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.join import Join
+
+    from workshop_lib import models, train, train_ddp
+
+    train_split, _, info = open_dataset(folder)
+    schedule = ShardSchedule(train_split, dist.get_rank(), dist.get_world_size(), seed=0,
+                             equal_steps=mode == "equal")
+    loader = ShardLoader(schedule, batch_size, device)
+    torch.manual_seed(0)
+    model = train_ddp.wrap(models.build("cnn", info).to(device), device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    steps = 0
+    # Join: a rank that runs out of batches shadows the others' all-reduces with zeros
+    # until every rank is done, so no collective waits for a partner that left.
+    with Join([model]) if mode == "join" else contextlib.nullcontext():
+        for x, y in loader:
+            train.train_step(model, optimizer, x, y)
+            steps += 1
+    dist.barrier()  # the job's next collective (evaluation's all-reduce, the next epoch...)
+    return steps
+
+
+def main(argv=None):
+    """``torchrun ... -m workshop_lib.shards --data-dir DIR --mode equal|uneven|join``."""
+    import os
+
+    import torch.distributed as dist
+
+    from workshop_lib import cli, distributed, hardware
+    from workshop_lib.errors import exit_cleanly_on_course_error
+
+    @exit_cleanly_on_course_error
+    def run():
+        parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.shards",
+                                    description=main.__doc__)
+        parser.add_argument("--data-dir", type=Path, required=True)
+        parser.add_argument("--mode", choices=("equal", "uneven", "join"), default="equal")
+        parser.add_argument("--batch-size", type=int, default=32)
+        parser.add_argument("--dist-timeout", type=float, default=60)
+        args = parser.parse_args(argv)
+        if "RANK" not in os.environ:
+            raise CourseError("this demo runs under torchrun: torchrun --standalone "
+                              "--nproc-per-node=2 -m workshop_lib.shards --data-dir DIR")
+        device = torch.device("cpu")
+        hardware.configure_cpu_threads(device)
+        with distributed.process_group("gloo", args.dist_timeout):
+            steps = uneven_epoch(args.data_dir, args.mode, args.batch_size, device)
+            print(f"{args.mode}: {steps} steps on rank {dist.get_rank()}, done", flush=True)
+
+    return run()
+
+
+if __name__ == "__main__":
+    main()
