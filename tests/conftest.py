@@ -84,7 +84,17 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
                     "solutions": True, **parameters},
         cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
     )
-    return nbformat.read(output, as_version=4)
+    notebook = nbformat.read(output, as_version=4)
+    errors = stderr_outputs(notebook)
+    assert not errors, f"{name} wrote to stderr (a red band in JupyterLab): {errors[:3]}"
+    return notebook
+
+
+def stderr_outputs(notebook):
+    """What a notebook's cells wrote to stderr: JupyterLab shows it as an error band, so a
+    successful run writes none."""
+    return [out.get("text", "")[:300] for cell in notebook.cells
+            for out in cell.get("outputs", []) if out.get("name") == "stderr"]
 
 
 def notebook_text_outputs(notebook):

@@ -7,6 +7,7 @@ only the lines DistributedDataParallel needs (notebook 02 goes through them one 
     python -m workshop_lib.train --dataset fashion-mnist --model wrn-16-4 --device cuda
 """
 import math
+import sys
 import time
 
 import torch
@@ -82,7 +83,9 @@ def train_epoch(model, loader, optimizer, scheduler, precision, accumulate, prog
     model.train()
     loss_sum, samples = torch.zeros((), device=next(model.parameters()).device), 0
     saved = memory.SavedForBackward(model)  # what the first batch keeps for backward
-    batches = tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="batch")
+    # On stdout: a notebook shows stderr as an error band, and this is no error.
+    batches = tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="batch",
+                   file=sys.stdout)
     for i, (x, y) in enumerate(batches):
         last = (i + 1) % accumulate == 0 or i + 1 == len(loader)  # the group's last batch
         with saved.counting(i == 0):

@@ -9,6 +9,7 @@ This is train.py plus the steps DistributedDataParallel needs, and nothing else;
 import contextlib
 import math
 import os
+import sys
 import time
 from datetime import timedelta
 
@@ -103,7 +104,9 @@ def train_epoch(model, loader, optimizer, scheduler, precision, accumulate, prog
     model.train()
     loss_sum, samples = torch.zeros((), device=next(model.parameters()).device), 0
     saved = memory.SavedForBackward(model)  # what the first batch keeps for backward
-    batches = tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="batch")
+    # On stdout: a notebook shows stderr as an error band, and this is no error.
+    batches = tqdm(loader, disable=not progress, leave=False, mininterval=1, unit="batch",
+                   file=sys.stdout)
     for i, (x, y) in enumerate(batches):
         last = (i + 1) % accumulate == 0 or i + 1 == len(loader)  # the group's last batch
         # Only the group's last backward all-reduces the summed gradients: no_sync()
