@@ -9,10 +9,11 @@ first, with what error and exit code, and how many restarts were used.
     python -m workshop_lib.launch --nproc-per-node=2 -m workshop_lib.train_ddp --epochs 5
     python -m workshop_lib.launch --max-restarts=1 -m workshop_lib.train_ddp \
         --inject-fault kill@1:50
+    python -m workshop_lib.launch --nnodes=2 --nproc-per-node=1 -m workshop_lib.train_ddp
 
 From Python (notebooks): ``result = launch.run(["-m", "workshop_lib.train_ddp", ...])``.
+With ``--nnodes``, one torchrun agent per node, all on this machine (``nodes.py``).
 """
-import argparse
 import contextlib
 import json
 import os
@@ -77,17 +78,29 @@ class LaunchResult:
                 + f". Each rank's full output: {self.log_dir}")
 
 
-class _RankLogs:
-    """Follow the per-rank log files torchrun writes (``--redirects 3 --log-dir``)."""
+def local_rank_of(path):
+    """The rank whose log file ``path`` is (``<log-dir>/<run>/attempt_N/<local rank>/...``):
+    its local rank, which is its global rank where one torchrun agent runs every rank."""
+    return int(Path(path).parent.name)
 
-    def __init__(self, log_dir, echo):
-        self.log_dir, self.echo = Path(log_dir), echo
+
+class _RankLogs:
+    """Follow the per-rank log files torchrun writes (``--redirects 3 --log-dir``).
+
+    ``rank_of(path)``: the global rank that writes a log file, or None while not yet known
+    (its lines wait until it is).
+    """
+
+    def __init__(self, log_dir, echo, rank_of=local_rank_of):
+        self.log_dir, self.echo, self.rank_of = Path(log_dir), echo, rank_of
         self.offsets, self.partial = {}, {}
         self.fault_seen_at = None
 
     def poll(self):
         for path in sorted(self.log_dir.glob("*/attempt_*/*/std*.log")):
-            rank = int(path.parent.name)
+            rank = self.rank_of(path)
+            if rank is None:
+                continue
             with path.open("rb") as f:
                 f.seek(self.offsets.get(path, 0))
                 chunk = f.read()
@@ -111,7 +124,7 @@ class _RankLogs:
                 self.echo(f"[rank {rank}] {line}\n")
 
 
-def _root_cause(torchrun_output, log_dir):
+def _root_cause(torchrun_output, log_dir, rank_of=local_rank_of):
     """(rank, exitcode, message) of the first failure torchrun observed, if any."""
     block = torchrun_output.split("Root Cause (first observed failure):")[-1]
     rank = re.search(r"rank\s*:\s*(\d+)", block)
@@ -120,13 +133,15 @@ def _root_cause(torchrun_output, log_dir):
     message = None
     error_files = sorted(Path(log_dir).glob("*/attempt_*/*/error.json"))
     for error_file in error_files:
-        if rank is None or int(error_file.parent.name) == rank:
+        if rank is None or rank_of(error_file) == rank:
             info = json.loads(error_file.read_text()).get("message", {})
             message = (info.get("message") if isinstance(info, dict) else str(info)) or message
     if message is None and rank is not None:
         # A clean one-line "error: ..." from a course script, else the exception line that
         # ends the rank's traceback (a script without torchrun's error file).
-        for path in sorted(Path(log_dir).glob(f"*/attempt_*/{rank}/stderr.log")):
+        for path in sorted(Path(log_dir).glob("*/attempt_*/*/stderr.log")):
+            if rank_of(path) != rank:
+                continue
             lines = [re.sub(r"^\[rank\d+\]: ", "", line)
                      for line in path.read_text(errors="replace").splitlines()]
             errors = [line[len("error: "):] for line in lines if line.startswith("error: ")]
@@ -179,16 +194,22 @@ def start(target, nproc="auto", max_restarts=0, env=None, quiet=False, stream=No
 
 
 class Job:
-    """A running torchrun job: its output is shown as it comes while someone waits."""
+    """A running torchrun job: its output is shown as it comes while someone waits.
 
-    def __init__(self, command, env, log_dir, quiet, stream):
+    ``rank_of`` and ``output``: for one of several agents of a job (``nodes.py``), how
+    to tell the global rank of its log files, and the list all agents' output goes to.
+    """
+
+    def __init__(self, command, env, log_dir, quiet, stream, rank_of=local_rank_of,
+                 output=None):
         self.log_dir, self.quiet, self.stream = log_dir, quiet, stream
-        self.output = []
+        self.rank_of = rank_of
+        self.output = [] if output is None else output
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
-        self.logs = _RankLogs(log_dir, self.echo)
+        self.logs = _RankLogs(log_dir, self.echo, rank_of)
         self.torchrun_output = []
         self.reader = _Reader(self.process.stdout, self.torchrun_output)
 
@@ -234,32 +255,38 @@ class Job:
     def wait(self, timeout=None):
         """Show the output until the job ends (or ``timeout`` seconds after its start, when
         it is stopped); return its LaunchResult and print its summary."""
-        process, timed_out = self.process, False
-        while process.poll() is None:
+        timed_out = False
+        while self.process.poll() is None:
             self.logs.poll()
             if timeout is not None and time.monotonic() - self.started > timeout:
                 timed_out = True
                 self.stop()
                 break
             time.sleep(0.1)
-        process.wait()
+        result = self.result(timeout if timed_out else None)
+        self.echo("\n" + result.summary() + "\n")
+        return result
+
+    def result(self, stopped_after=None):
+        """The LaunchResult of the ended job (``stopped_after``: the time limit that
+        stopped it, if one did)."""
+        self.process.wait()
         self.reader.join()
         self.logs.poll()
         text = "".join(self.torchrun_output)
         attempts = len({p.name for p in self.log_dir.glob("*/attempt_*")}) or 1
         end = time.monotonic()
-        result = LaunchResult(process.returncode, attempts, self.log_dir,
+        result = LaunchResult(self.process.returncode, attempts, self.log_dir,
                               seconds=end - self.started, output=self.output)
         if self.logs.fault_seen_at is not None:
             result.fault_to_exit_s = end - self.logs.fault_seen_at
         if not result.ok:
-            result.failed_rank, result.exitcode, result.error = _root_cause(text,
-                                                                            self.log_dir)
-            if timed_out:
-                result.error = f"stopped after the {timeout:.0f} s time limit"
+            result.failed_rank, result.exitcode, result.error = _root_cause(
+                text, self.log_dir, self.rank_of)
+            if stopped_after is not None:
+                result.error = f"stopped after the {stopped_after:.0f} s time limit"
             if result.exitcode is None:
                 result.exitcode = result.returncode
-        self.echo("\n" + result.summary() + "\n")
         return result
 
     def stop(self):
@@ -293,8 +320,8 @@ class _Reader:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "-m" not in argv:
-        print("usage: python -m workshop_lib.launch [--nproc-per-node N] [--max-restarts R] "
-              "[--timeout S] -m MODULE [flags]", file=sys.stderr)
+        print("usage: python -m workshop_lib.launch [--nnodes N|MIN:MAX] [--nproc-per-node N] "
+              "[--max-restarts R] [--timeout S] -m MODULE [flags]", file=sys.stderr)
         return 2
     split = argv.index("-m")
     from workshop_lib import cli
@@ -304,9 +331,18 @@ def main(argv=None):
     parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--master-port", type=int, default=None)
+    parser.add_argument("--nnodes", default=None,
+                        help="N or MIN:MAX: one torchrun agent per node, all on this machine "
+                             "(workshop_lib/nodes.py)")
     args = parser.parse_args(argv[:split])
-    result = run(argv[split:], args.nproc_per_node, args.max_restarts, args.timeout,
-                 master_port=args.master_port)
+    if args.nnodes is not None:
+        from workshop_lib import nodes
+
+        result = nodes.run(argv[split:], args.nnodes, args.nproc_per_node, args.max_restarts,
+                           args.timeout, port=args.master_port)
+    else:
+        result = run(argv[split:], args.nproc_per_node, args.max_restarts, args.timeout,
+                     master_port=args.master_port)
     return result.returncode
 
 
