@@ -151,6 +151,12 @@ def test_exposed_communication_split_into_sync_latency_bandwidth_and_the_rest():
         # The four terms add up to the exposed communication (at the median round).
         assert (split["sync_s"]["median"] + split["latency_s"] + split["bandwidth_s"]
                 + split["unaccounted_s"]["median"]) == pytest.approx(exposed)
+        # The flat all-reduce splits the rest into a large message's cost and DDP's own.
+        flat = one_step * (COST[FLAT] - COST[NO_SYNC])
+        assert split["large_message_s"]["median"] == pytest.approx(flat - one_float - bandwidth)
+        assert split["ddp_own_s"]["median"] == pytest.approx(exposed - flat)
+        assert split["large_message_s"]["median"] + split["ddp_own_s"]["median"] == \
+            pytest.approx(split["unaccounted_s"]["median"])
         target = one_float + 2 * bandwidth
         assert row["target"]["exposed_at_most_s"] == pytest.approx(target)
         assert row["target"]["met"] == (exposed <= target)
@@ -270,6 +276,10 @@ def test_the_table_shows_every_figure():
                  f"{row['breakdown']['bandwidth_s'] * 1e3:.3f}",
                  report.format_stats(row["breakdown"]["unaccounted_s"], ".2f", 1e3),
                  f"{row['target']['exposed_at_most_s'] * 1e3:.2f}")
+        assert any(all(c in line for c in cells) for line in lines), cells
+        cells = (row["config"], report.format_stats(row["flat_allreduce_s"], ".2f", 1e3),
+                 report.format_stats(row["breakdown"]["large_message_s"], ".2f", 1e3),
+                 report.format_stats(row["breakdown"]["ddp_own_s"], ".2f", 1e3))
         assert any(all(c in line for c in cells) for line in lines), cells
     assert "DDP defaults" in table and "forward_sync_buffers=True" in table
     fit = figures["communication"]["allreduce_model"]["2"]

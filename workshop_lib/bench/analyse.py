@@ -172,6 +172,7 @@ def exposed_row(raw, plan, config, fit, facts):
     buffer_sync = step_s(raw, config, n, b, BUFFER_SYNC)
     exposed = differences(ddp, no_sync)
     one_float = differences(sync, no_sync)  # synchronising once, whatever the bytes
+    flat_cost = differences(flat, no_sync)  # one all-reduce of the gradients, no DDP
     floor = allreduce_model_s(fit, n, facts["gradient_bytes"])
     target = statistics.median(one_float) + 2 * floor["bandwidth_s"]
     return {
@@ -182,14 +183,20 @@ def exposed_row(raw, plan, config, fit, facts):
         "bus_bandwidth_gb_s": fit["bus_bandwidth_gb_s"],
         "floor": floor, "floor_s": floor["total_s"],
         "sync_step_s": summary(sync), "one_float_allreduce_s": summary(one_float),
-        "flat_step_s": summary(flat), "flat_allreduce_s": summary(differences(flat, no_sync)),
+        "flat_step_s": summary(flat), "flat_allreduce_s": summary(flat_cost),
         # exposed = sync + latency + bandwidth + unaccounted, round by round: the one-float
-        # all-reduce is an all-reduce's latency plus the ranks waiting for each other.
+        # all-reduce is an all-reduce's latency plus the ranks waiting for each other. The
+        # flat all-reduce splits the rest: what one all-reduce of the gradients' bytes
+        # costs beyond the one float and the bandwidth term, and what DDP adds to that
+        # (its hooks and copies, less what its overlap with backward saves).
         "breakdown": {
             "sync_s": summary([c - floor["latency_s"] for c in one_float]),
             "latency_s": floor["latency_s"], "bandwidth_s": floor["bandwidth_s"],
             "unaccounted_s": summary([e - c - floor["bandwidth_s"]
                                       for e, c in zip(exposed, one_float, strict=True)]),
+            "large_message_s": summary([f - c - floor["bandwidth_s"]
+                                        for f, c in zip(flat_cost, one_float, strict=True)]),
+            "ddp_own_s": summary(differences(exposed, flat_cost)),
         },
         "target": {"exposed_at_most_s": target,
                    "met": statistics.median(exposed) <= target},
