@@ -1,22 +1,137 @@
 """The cluster forms of the course's job (deploy/): a SLURM batch script, run here on a
-real two-node SLURM, with the flags of the local launch.
+real two-node SLURM, and Kubeflow manifests, checked offline against the operators'
+published schemas. All three run train_ddp with the flags of the local launch.
 
 The SLURM test needs Debian's slurmctld, slurmd, slurm-client and munge (``.ci/run``
 installs them) and root; without them it is skipped, except under CI, where that is a
 failure.
 """
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 import slurm
+import yaml
 
 from conftest import DDP_RUN_FLAGS, REPO
-from workshop_lib import nodes, runlog
+from workshop_lib import nodes, runlog, train_ddp
 
 DEPLOY = REPO / "deploy"
+MANIFESTS = {"trainjob.yaml": "trainjob.schema.json", "pytorchjob.yaml": "pytorchjob.schema.json"}
+# Where a cluster's job differs from the local launch: the hardware picks the device
+# (--device auto, the default), and the run record goes to the job's own folder.
+CLUSTER_CHOSEN = {"--device", "--out"}
 JOB_LIMIT_S = 300
+
+
+def load(name):
+    return yaml.safe_load((DEPLOY / name).read_text())
+
+
+def container_command(manifest):
+    """The training container's command: TrainJob's trainer, or PyTorchJob's worker."""
+    if manifest["kind"] == "TrainJob":
+        return manifest["spec"]["trainer"]["command"]
+    (container,) = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+        "containers"]
+    return container["command"]
+
+
+def flags_without(args, names):
+    """``args`` less the flags in ``names`` and their values (all take one)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in names:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_manifest_is_valid_for_the_operators_published_schema(name):
+    schema = json.loads((DEPLOY / "schemas" / MANIFESTS[name]).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    manifest = load(name)
+    jsonschema.Draft202012Validator(schema).validate(manifest)
+    # The object's name becomes pods' and services' names: a DNS-1035 label.
+    assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", manifest["metadata"]["name"])
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_schema_rejects_a_misspelt_field_and_a_wrong_type(name):
+    validator = jsonschema.Draft202012Validator(
+        json.loads((DEPLOY / "schemas" / MANIFESTS[name]).read_text()))
+    misspelt = load(name)
+    misspelt["spec"]["numNode"] = 2
+    assert not validator.is_valid(misspelt), "strict validation: unknown fields are errors"
+    wrong = load(name)
+    if wrong["kind"] == "TrainJob":
+        wrong["spec"]["trainer"]["numNodes"] = "2"
+    else:
+        wrong["spec"]["elasticPolicy"]["minReplicas"] = "1"
+    assert not validator.is_valid(wrong)
+
+
+def test_the_pytorchjob_passes_the_operators_admission_checks():
+    """What the Training Operator's webhook checks beyond the schema (v1.9.0,
+    pkg/webhooks/pytorch/pytorchjob_webhook.go)."""
+    spec = load("pytorchjob.yaml")["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    assert set(replicas) <= {"Master", "Worker"}
+    assert "Worker" in replicas, "an elastic policy needs Worker replicas"
+    assert "nProcPerNode" not in spec["elasticPolicy"], "deprecated: spec.nprocPerNode"
+    for replica in replicas.values():
+        containers = replica["template"]["spec"]["containers"]
+        assert all(c.get("image") for c in containers)
+        assert "pytorch" in [c["name"] for c in containers]
+    assert spec["elasticPolicy"]["minReplicas"] <= replicas["Worker"]["replicas"] \
+        <= spec["elasticPolicy"]["maxReplicas"]
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_manifest_runs_the_local_launchs_command(name):
+    command = container_command(load(name))
+    # torchrun with no rendezvous flags of its own: the operator sets them (PET_*).
+    assert command[:1] == ["torchrun"] and not any(a.startswith("--rdzv") for a in command)
+    target = command[command.index("-m"):]
+    local = nodes.node_commands(["-m", "workshop_lib.train_ddp", *DDP_RUN_FLAGS], "2", 1, 29400,
+                                "job")[0]
+    local_target = local[local.index("-m"):]
+    assert target[:2] == local_target[:2] == ["-m", "workshop_lib.train_ddp"]
+    assert flags_without(target[2:], CLUSTER_CHOSEN) == flags_without(local_target[2:],
+                                                                      CLUSTER_CHOSEN)
+    args = train_ddp.parse_args(target[2:])  # flags the script accepts, values it takes
+    assert str(args.out).startswith("/runs/")
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_run_record_goes_to_the_shared_volume(name):
+    text = json.dumps(load(name))
+    claim = load("runs-volume.yaml")
+    assert claim["kind"] == "PersistentVolumeClaim"
+    assert "ReadWriteMany" in claim["spec"]["accessModes"], "every node reads and writes it"
+    assert f'"claimName": "{claim["metadata"]["name"]}"' in text
+    assert '"mountPath": "/runs"' in text
+
+
+def test_the_image_installs_the_course_with_the_environments_python():
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    version = re.search(r"^FROM python:(\d+\.\d+)", dockerfile, re.M)[1]
+    venv = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c",
+                           "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                          capture_output=True, text=True)
+    if venv.returncode == 0:
+        assert version == venv.stdout.strip()
+    for line in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for path in line.split():
+            assert (REPO / path).exists(), f"the Dockerfile copies {path}, which is missing"
 
 
 def test_the_batch_script_is_valid_bash():
