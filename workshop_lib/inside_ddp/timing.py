@@ -15,7 +15,9 @@ Timing follows the bench's rules: a warm-up window first; then rounds, each timi
 variant for one window in an order rotated by one each round (so a change of the machine's
 load hits all alike); all ranks start a window together, GPU work is synchronized before
 the clock is read, and a window takes the slowest rank's time. Each figure is the median
-milliseconds per step over the rounds, with min, max and n.
+milliseconds per step over the rounds, with min, max and n. Beside them, ``messages``: the
+bytes of each all-reduce a from-scratch wrapper starts in a step, which the all-reduce's
+fitted latency and bandwidth price (``allreduce.predicted_s``).
 
     torchrun --standalone --nproc-per-node=2 -m workshop_lib.inside_ddp.timing
 """
@@ -45,6 +47,19 @@ def wrappers(device, sweep_bytes=SWEEP_BYTES):
     for nbytes in sweep_bytes:
         variants[f"buckets_{nbytes}"] = lambda m, n=nbytes: BucketedDataParallel(m, n)
     return variants
+
+
+def messages(model):
+    """Bytes of each all-reduce a from-scratch wrapper starts per step, in order (None for
+    no wrapper, or PyTorch's DDP, whose buckets are its own business)."""
+    if isinstance(model, OverlappedDataParallel):  # and BucketedDataParallel
+        groups = [sum(model.params[i].numel() * model.params[i].element_size() for i in group)
+                  for group in model.groups]
+        return groups + [4 * len(model.params)]  # + which parameters each rank used
+    if isinstance(model, naive_ddp.NaiveDataParallel):
+        return [p.numel() * p.element_size() for p in model.module.parameters()
+                if p.requires_grad]
+    return None
 
 
 def train_step(model, optimizer, x, y):
@@ -93,6 +108,8 @@ def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits
     gradient_bytes = sum(p.numel() * p.element_size() for p in runs["local"][0].parameters())
     return {"world_size": world_size, "batch_size": batch_size, "dataset": info.name,
             "gradient_bytes": gradient_bytes, "rounds": rounds, "steps_per_window": steps,
+            "messages": {name: messages(model) for name, (model, _) in runs.items()
+                         if messages(model) is not None},
             "step_ms": {name: {"median": statistics.median(v), "min": min(v), "max": max(v),
                                "n": len(v)} for name, v in ms.items()}}
 
