@@ -88,3 +88,17 @@ def replay(kind, optimizer, world_size, steps=STEPS):
 
 def max_difference(params, reference):
     return max((a - b).abs().max().item() for a, b in zip(params, reference, strict=True))
+
+
+def rank_batches(train_set, rank, world_size, batch_size, steps, device):
+    """Rank ``rank``'s first ``steps`` batches of ``batch_size``, epoch after epoch
+    (``DistributedSampler`` shards, reshuffled each epoch), on ``device``: what the
+    measurements of notebook 07 train every variant on."""
+    sampler = DistributedSampler(train_set, world_size, rank, seed=0)
+    loader = data.TensorLoader(train_set, batch_size, sampler, device, drop_last=True)
+    out = []
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        out += itertools.islice(loader, steps - len(out))
+        if len(out) == steps:
+            return out

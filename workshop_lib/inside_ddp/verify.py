@@ -48,12 +48,13 @@ def load_class(path, name):
 
 
 @contextlib.contextmanager
-def recorded_all_reduces():
-    """Yield a list that receives the element count of every ``dist.all_reduce`` call."""
+def recorded_all_reduces(size=torch.Tensor.numel):
+    """Yield a list that receives ``size(tensor)`` (the element count, unless another
+    ``size`` is given) of every ``dist.all_reduce`` call."""
     calls, original = [], dist.all_reduce
 
     def all_reduce(tensor, *args, **kwargs):
-        calls.append(tensor.numel())
+        calls.append(size(tensor))
         return original(tensor, *args, **kwargs)
 
     dist.all_reduce = all_reduce
