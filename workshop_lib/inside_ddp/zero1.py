@@ -24,6 +24,7 @@ import copy
 
 import torch
 import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def partition(params, world_size):
@@ -79,9 +80,10 @@ def state_bytes(optimizer):
                if torch.is_tensor(value))
 
 
-def state_bytes_per_rank(optimizer):
-    """``state_bytes`` of every rank, as a list (a collective: every rank calls it)."""
-    mine = torch.tensor([state_bytes(optimizer)], dtype=torch.int64)
+def state_bytes_per_rank(optimizer, device="cpu"):
+    """``state_bytes`` of every rank, as a list (a collective: every rank calls it;
+    ``device``: where the group's backend takes tensors, a GPU for NCCL)."""
+    mine = torch.tensor([state_bytes(optimizer)], dtype=torch.int64, device=device)
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return [int(t) for t in everyone]
@@ -93,8 +95,10 @@ def compare_state_memory(model, optimizer_class=torch.optim.SGD, sharded_class=N
 
     Both optimizers take one step on zero gradients (state appears at the first step) on
     copies of the model. ``sharded_class``: ``ShardedOptimizer`` unless another is given
-    (a learner's). Returns ``{"parameter_bytes", "replicated", "sharded": [per rank]}``.
+    (a learner's). Returns ``{"parameter_bytes", "largest_parameter_bytes", "replicated",
+    "sharded": [per rank]}``.
     """
+    device = next(model.parameters()).device
     replica, shard = copy.deepcopy(model), copy.deepcopy(model)
     replicated = optimizer_class(replica.parameters(), **defaults)
     sharded = (sharded_class or ShardedOptimizer)(shard.parameters(), optimizer_class,
@@ -104,6 +108,19 @@ def compare_state_memory(model, optimizer_class=torch.optim.SGD, sharded_class=N
             param.grad = torch.zeros_like(param)
     replicated.step()
     sharded.step()
-    return {"parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    return {"parameter_bytes": sum(sizes), "largest_parameter_bytes": max(sizes),
             "replicated": state_bytes(replicated),
-            "sharded": state_bytes_per_rank(sharded)}
+            "sharded": state_bytes_per_rank(sharded, device)}
+
+
+def pytorch_state_bytes(model, optimizer_class=torch.optim.SGD, **defaults):
+    """Optimizer-state bytes per rank under PyTorch's own ZeRO-1,
+    ``ZeroRedundancyOptimizer``, for ``model`` (a collective; the same first step on zero
+    gradients as ``compare_state_memory``, on a copy)."""
+    copied = copy.deepcopy(model)
+    optimizer = ZeroRedundancyOptimizer(copied.parameters(), optimizer_class, **defaults)
+    for param in copied.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    return state_bytes_per_rank(optimizer, next(copied.parameters()).device)
