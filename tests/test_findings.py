@@ -175,3 +175,127 @@ def test_dataparallel_and_step_time_verdicts():
     assert found["step_time"].holds and "8.0x it" in found["step_time"].text
     median["accounted"]["median"] = 0.6
     assert not findings.step_time(summary)["step_time"].holds
+
+
+# -- Notebook 07 ---------------------------------------------------------------------------
+
+
+def stats(median, spread=0.1):
+    return {"median": median, "min": median * (1 - spread), "max": median * (1 + spread), "n": 5}
+
+
+def inside_ddp_results(step_ms=None, hooks=None, sharded=(589828, 163704), fsdp_diff=0.0,
+                       compiled=None):
+    """``inside_ddp.experiments``' JSON, made up: 2 ranks, a latency of 0.4 ms."""
+    step_ms = {"local": 30.0, "naive": 40.0, "overlap": 34.0, "buckets": 31.0, "ddp": 30.0,
+               "buckets_4096": 36.0, "buckets_65536": 32.0, **(step_ms or {})}
+    messages = {"naive": [4096] * 11, "overlap": [4096] * 11 + [44],
+                "buckets": [376744, 44], "buckets_4096": [4096] * 7 + [44],
+                "buckets_65536": [65536] * 5 + [44]}
+    hooks = {"allreduce": (376744, 0.975), "fp16": (188372, 0.975), "bf16": (188372, 0.97),
+             "powersgd_rank1": (6772, 0.60), "powersgd_rank4": (22088, 0.96), **(hooks or {})}
+    results = {
+        "world_size": 2, "backend": "gloo",
+        "allreduce": [], "allreduce_fit": {"latency_s": 4e-4, "bus_bandwidth_gb_s": 1.0,
+                                           "relative_rms_error": 0.2, "sizes": 7},
+        "timing": {"world_size": 2, "batch_size": 32, "rounds": 5, "steps_per_window": 10,
+                   "gradient_bytes": 376744, "messages": messages,
+                   "step_ms": {name: stats(ms) for name, ms in step_ms.items()}},
+        "zero1": {"adam": {"parameter_bytes": 376744, "largest_parameter_bytes": 294912,
+                           "replicated": 753532, "sharded": list(sharded),
+                           "pytorch": [589828, 163704]}},
+        "comm_hooks": {"steps": 45, "moved": 0.4, **{
+            name: {"bytes_per_step": [376744, sent], "val_acc": acc, "max_difference": 0.01}
+            for name, (sent, acc) in hooks.items()}},
+        "fsdp": {"max_difference": fsdp_diff, "moved": 0.05, "steps": 5,
+                 "held": {"ddp": {"parameters": [376744] * 2, "gradients": [376744] * 2,
+                                  "optimizer_state": [753532] * 2},
+                          "fsdp": {"parameters": [188372] * 2, "gradients": [188372] * 2,
+                                   "optimizer_state": [376788] * 2}}},
+    }
+    if compiled:
+        results["compiled"] = compiled
+    return results
+
+
+def test_inside_ddp_step_times_flip_at_their_bars():
+    found = findings.inside_ddp_step_times(inside_ddp_results())
+    assert found["room_to_overlap"].holds  # 10 of 40 ms: 25%
+    assert found["overlap"].holds and "15% faster" in found["overlap"].text
+    assert found["buckets"].holds and found["as_fast_as_ddp"].holds
+    found = findings.inside_ddp_step_times(inside_ddp_results(
+        {"naive": 31.0, "overlap": 31.5, "buckets": 36.0}))
+    assert not found["room_to_overlap"].holds and "little to overlap" in \
+        found["room_to_overlap"].text
+    assert not found["overlap"].holds and "the same within 5%" in found["overlap"].text
+    assert not found["buckets"].holds and "slower" in found["buckets"].text
+    assert not found["as_fast_as_ddp"].holds  # 36 against 30: 20% more
+    assert findings.inside_ddp_step_times(None)["step_times"].skipped
+
+
+def test_the_bucket_sweep_is_priced_by_the_fitted_latency():
+    rows = findings.bucket_sweep_rows(inside_ddp_results())
+    assert [r["bucket_bytes"] for r in rows] == [4096, 65536, 25 * 2**20]
+    assert [r["all_reduces"] for r in rows] == [8, 6, 2]
+    # 8 latencies of 0.4 ms, plus 2 x (1/2) x bytes / 1 GB/s
+    assert rows[0]["predicted_ms"] == pytest.approx(8 * 0.4 + (7 * 4096 + 44) / 1e6)
+    found = findings.inside_ddp_bucket_sweep(inside_ddp_results())
+    assert found["bucket_sweep"].holds  # 36 ms against the fastest 31: 16% more
+    flat = findings.inside_ddp_bucket_sweep(inside_ddp_results({"buckets_4096": 31.5}))
+    assert not flat["bucket_sweep"].holds and "lost in the" in flat["bucket_sweep"].text
+    assert "0.40 ms latency" in found["allreduce_fit"].text
+
+
+def test_zero1_memory_is_exact_and_balanced_only_when_the_numbers_say_so():
+    found = findings.inside_ddp_zero1(inside_ddp_results())
+    assert found["zero1_memory"].holds and found["zero1_pytorch"].holds
+    assert not found["zero1_balance"].holds and "78% of the model" in found["zero1_balance"].text
+    even = findings.inside_ddp_zero1(inside_ddp_results(sharded=(376766, 376766)))
+    assert even["zero1_balance"].holds and not even["zero1_pytorch"].holds
+    lost = findings.inside_ddp_zero1(inside_ddp_results(sharded=(589828, 100000)))
+    assert not lost["zero1_memory"].holds and "NOT the replicated" in lost["zero1_memory"].text
+    assert findings.inside_ddp_zero1(None)["zero1_memory"].skipped
+
+
+def test_a_comm_hook_keeps_the_accuracy_within_its_bar():
+    found = findings.inside_ddp_comm_hooks(inside_ddp_results())
+    assert found["hook_fp16"].holds and "50.0% of plain" in found["hook_fp16"].text
+    assert found["hook_bf16"].holds  # -0.5 pp
+    assert not found["hook_powersgd_rank1"].holds and found["hook_powersgd_rank4"].holds
+    worse = findings.inside_ddp_comm_hooks(inside_ddp_results(hooks={"bf16": (188372, 0.95)}))
+    assert not worse["hook_bf16"].holds and "-2.5 pp" in worse["hook_bf16"].text
+
+
+def test_compile_is_skipped_when_not_asked_and_judged_when_timed():
+    assert findings.inside_ddp_compiled(inside_ddp_results())["compiled"].skipped
+    assert "compile_ddp is False" in findings.inside_ddp_compiled(inside_ddp_results())[
+        "compiled"].text
+    timed = {"compile_s": 60.0, "step_ms": {"eager": 46.0, "compiled": 36.0}, "steps": 31,
+             "first_step_difference": 2e-8, "max_difference": 2e-4}
+    found = findings.inside_ddp_compiled(inside_ddp_results(compiled=timed))
+    assert found["compiled"].holds and "after 6,000 steps" in found["compiled"].text
+    assert found["compiled_same"].holds
+    timed = {**timed, "step_ms": {"eager": 46.0, "compiled": 45.0}, "first_step_difference": 1e-3}
+    found = findings.inside_ddp_compiled(inside_ddp_results(compiled=timed))
+    assert not found["compiled"].holds and not found["compiled_same"].holds
+
+
+def test_fsdp_pointer_is_computed_from_the_parameter_count():
+    rows = findings.fsdp_memory_rows(1_000_000, world_sizes=(4,))
+    assert rows == [{"gpus": 4, "ddp": 16e6, "zero1": 10e6, "zero2": 7e6, "fsdp": 4e6}]
+    found = findings.inside_ddp_fsdp(inside_ddp_results(), "wrn", 1_000_000)
+    assert "(12% of DDP's)" in found["fsdp_pointer"].text  # 2/16 on 8 GPUs
+    assert found["fsdp_same"].holds and found["fsdp_memory"].holds
+    apart = findings.inside_ddp_fsdp(inside_ddp_results(fsdp_diff=0.01), "wrn", 1_000_000)
+    assert not apart["fsdp_same"].holds
+    alone = findings.inside_ddp_fsdp(None, "wrn", 1_000_000)
+    assert alone["fsdp"].skipped and alone["fsdp_pointer"].holds is None
+
+
+def test_the_closing_summary_holds_every_section():
+    found = findings.inside_ddp(inside_ddp_results(), "wrn", 1_000_000)
+    for key in ("zero1_memory", "room_to_overlap", "bucket_sweep", "hook_fp16", "compiled",
+                "fsdp_pointer", "fsdp_same"):
+        assert key in found
+    assert all(f.skipped or f.holds is None for f in findings.inside_ddp(None, "wrn", 10**6)
+               if f.key != "fsdp_pointer")
