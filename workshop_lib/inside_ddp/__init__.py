@@ -18,6 +18,15 @@ module, in the order notebook 07 ("Inside DDP") teaches them:
 - ``verify``: the torchrun job behind the exercises' checks (``labs.inside_ddp``).
 - ``timing``: step times of naive, overlapped, bucketed and PyTorch's DDP, and the bucket
   size sweep (``measure``; the bench can call it); section 5.
+- ``allreduce``: one all-reduce's time against its size, fitted as a latency plus a
+  bandwidth term, and what a list of buckets costs by that fit; section 5.
+- ``comm_hooks``: DDP's communication hooks (fp16, bf16, PowerSGD), their bytes a step and
+  where they leave the training; section 6.
+- ``compiled``: ``torch.compile`` of a DDP model, its compile time and step time; section 6.
+- ``fsdp``: what a rank holds under DDP, ZeRO-1, ZeRO-2 and FSDP, from a parameter count,
+  and FSDP2 (``fully_shard``) against DDP, measured; section 6.
+- ``experiments``: the notebook's one torchrun job, every measurement above in turn;
+  ``plots``: its figures (``findings`` judges its numbers).
 
 ``tests/test_inside_ddp.py`` checks every stage against one process and against PyTorch
 (DDP, ZeroRedundancyOptimizer), and that the comparison catches a broken variant.
