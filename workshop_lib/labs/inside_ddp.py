@@ -148,3 +148,20 @@ exercise("overlap", "start each gradient's all-reduce from a hook during backwar
 exercise("buckets", "all-reduce gradients in buckets, in the order backward makes them",
          check_buckets)
 exercise("zero1", "shard the optimizer state over the ranks (ZeRO-1)", check_zero1)
+
+
+def checked_cases(**verdicts):
+    """What each check compared (notebook 07, section 4): one line per stage, model and
+    optimizer, with the largest parameter difference from one process on the global batch.
+    ``verdicts``: stage -> the Verdict its check returned."""
+    lines = []
+    for stage, verdict in verdicts.items():
+        if "differences" not in verdict.details:
+            lines.append(f"{stage:>8}: no result yet ({verdict.reason.split(':')[0]})")
+            continue
+        for case, difference in verdict.details["differences"].items():
+            model, optimizer = case.split("/")
+            within = "within" if difference <= TOLERANCE else "NOT within"
+            lines.append(f"{stage:>8}: {optimizer:<4} on {MODELS[model]}: {difference:.1e}, "
+                         f"{within} float32 rounding ({TOLERANCE:.0e})")
+    return "\n".join(lines)
