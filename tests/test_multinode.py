@@ -1,0 +1,176 @@
+"""One job on several "nodes": torchrun agents on this machine, as on a cluster's nodes.
+
+The slow tests launch the course's train_ddp on 2 local nodes x 1 process (c10d
+rendezvous, each agent its own torchrun), and the elastic case: one node is removed
+mid-run and the job finishes on the other, from its checkpoint.
+"""
+import io
+import re
+import time
+
+import pytest
+
+from conftest import DDP_RUN_FLAGS
+from workshop_lib import hardware, launch, nodes, runlog
+from workshop_lib.errors import CourseError
+
+TARGET = ["-m", "workshop_lib.train_ddp", "--flag"]
+# The end of an agent's log (LOGLEVEL=INFO) after its rendezvous, as torch 2.14 writes it.
+PREFIX = "I1130 15:12:02.504000 4765 torch/distributed/elastic/agent/server/api.py:553]"
+AGENT_LOG = "".join(f"{PREFIX} {line}\n" for line in [
+    "[default] Rendezvous complete for workers. Result:", "  restart_count={restart}",
+    "  master_addr=127.0.0.1", "  master_port=33475", "  group_rank={node}",
+    "  group_world_size={nodes}", "  local_ranks=[0, 1]", "  role_ranks={ranks}",
+    "  global_ranks={ranks}", "  role_world_sizes=[4, 4]"])
+
+
+def test_each_node_runs_the_same_torchrun_command_but_one_hosts_the_rendezvous():
+    commands = nodes.node_commands(TARGET, "2", 3, 29400, "job-7")
+    assert len(commands) == 2
+    first, second = commands
+    assert first[0] == "torchrun" and first[-3:] == TARGET
+    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d",
+                 "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=job-7", "--local-addr=127.0.0.1"):
+        assert flag in first and flag in second
+    assert "--rdzv-conf=is_host=1" in first and "--rdzv-conf=is_host=0" in second
+    assert [a for a in first if "is_host" not in a] == [a for a in second if "is_host" not in a]
+
+
+def test_elastic_membership_is_a_range_of_nodes_and_rendezvous_settings():
+    commands = nodes.node_commands(TARGET, "1:3", 1, 29400, "job", max_restarts=2,
+                                   rdzv_conf={"last_call_timeout": 5})
+    assert len(commands) == 3, "as many agents as the most nodes"
+    assert all("--nnodes=1:3" in c and "--max-restarts=2" in c for c in commands)
+    assert "--rdzv-conf=is_host=0,last_call_timeout=5" in commands[2]
+    assert nodes.parse_nnodes("2") == (2, 2) and nodes.parse_nnodes("1:4") == (1, 4)
+    for bad in ("0", "3:2", "two", "1:"):
+        with pytest.raises(CourseError, match="--nnodes"):
+            nodes.parse_nnodes(bad)
+
+
+def test_the_agents_log_says_which_node_rank_and_global_ranks_each_node_got(tmp_path):
+    text = (AGENT_LOG.format(restart=0, node=1, nodes=2, ranks="[2, 3]")
+            + "I1130 ... other lines\n"
+            + AGENT_LOG.format(restart=1, node=0, nodes=1, ranks="[0, 1]"))
+    rounds = nodes.rendezvous_rounds(text)
+    assert rounds == [
+        {"restart_count": 0, "group_rank": 1, "group_world_size": 2, "local_ranks": [0, 1],
+         "global_ranks": [2, 3]},
+        {"restart_count": 1, "group_rank": 0, "group_world_size": 1, "local_ranks": [0, 1],
+         "global_ranks": [0, 1]}]
+    # Log folders are named by local rank: attempt 0's local rank 1 was global rank 3.
+    log = tmp_path / "run_x" / "attempt_0" / "1" / "stdout.log"
+    assert nodes.global_rank_of(log, rounds) == 3
+    assert nodes.global_rank_of(tmp_path / "run_x" / "attempt_1" / "1" / "stdout.log",
+                                rounds) == 1
+    assert nodes.global_rank_of(tmp_path / "run_x" / "attempt_2" / "0" / "stdout.log",
+                                rounds) is None, "not logged yet: wait"
+
+
+def test_a_failed_rank_on_another_node_is_named_by_its_global_rank(tmp_path):
+    folder = tmp_path / "run_x" / "attempt_0" / "0"  # node 1's local rank 0
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("error: --lr must be positive\n")
+    rounds = nodes.rendezvous_rounds(AGENT_LOG.format(restart=0, node=1, nodes=2,
+                                                      ranks="[1, 2]"))
+    root_cause = "Root Cause (first observed failure):\n  rank      : 1 (local_rank: 0)\n" \
+                 "  exitcode  : 2 (pid: 9)\n"
+    assert launch._root_cause(root_cause, tmp_path, lambda p: nodes.global_rank_of(p, rounds)) \
+        == (1, 2, "--lr must be positive")
+
+
+def test_each_node_gets_its_own_gpus_and_threads_follow_every_nodes_processes():
+    per_node, envs = nodes.node_envs(2, "auto", ["0", "1", "2", "3"])
+    assert per_node == 2
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "2,3"]
+    assert {e[hardware.SHARERS_ENV] for e in envs} == {"4"}
+    assert nodes.gpu_slices(["4", "6", "7"], 3) == [["4"], ["6"], ["7"]]
+    # Fewer GPUs than nodes: one CPU process per node, the GPU hidden from both.
+    per_node, envs = nodes.node_envs(2, "auto", ["0"])
+    assert per_node == 1 and [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["", ""]
+    per_node, envs = nodes.node_envs(3, 2, [])
+    assert per_node == 2 and "CUDA_VISIBLE_DEVICES" not in envs[0]
+    assert envs[0][hardware.SHARERS_ENV] == "6"
+    with pytest.raises(CourseError, match="needs at least 2 GPUs"):
+        nodes.node_envs(2, "gpu", ["0"])
+
+
+def test_the_launcher_starts_nodes_when_asked_for_several(monkeypatch):
+    calls = []
+    monkeypatch.setattr(nodes, "run", lambda *a, **k: calls.append((a, k)) or
+                        launch.LaunchResult(0, 1, None))
+    assert launch.main(["--nnodes=1:2", "--max-restarts=1", *TARGET]) == 0
+    (args, kwargs), = calls
+    assert args[:4] == (TARGET, "1:2", "auto", 1)
+
+
+# The rendezvous settings of the elastic test. torchrun's defaults notice a dead node after
+# 3 missed heartbeats 5 s apart, then wait 30 s (last call) for more nodes: 41-44 s from a
+# node's loss to the smaller group here (6 of 6 tries). Heartbeats every 2 s and a 10 s last
+# call shorten that, and still leave both agents, started together, time to join the first
+# round as one group.
+ELASTIC_RDZV_CONF = {"keep_alive_interval": 2, "last_call_timeout": 10}
+REFORM_BOUND_S = 45
+ELASTIC_EPOCHS = 6
+
+
+def start_lines(shown):
+    """{rank: threads} from each rank's start-up line ("[rank 1/2] cpu ... threads=1")."""
+    return {int(m[1]): int(m[2]) for m in re.finditer(r"\[rank (\d+)/\d+\] .*threads=(\d+)",
+                                                       shown)}
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_machine_train_as_one_job(tmp_path):
+    stream = io.StringIO()
+    result = nodes.run(["-m", "workshop_lib.train_ddp", *DDP_RUN_FLAGS, "--out", str(tmp_path)],
+                       nnodes="2", nproc=1, timeout=300, stream=stream)
+    shown = stream.getvalue()
+    assert result.ok, shown
+    run = runlog.read(tmp_path)
+    assert run.start["world_size"] == 2
+    assert run.final["val_acc"] >= 0.95, "the learning bar"
+    # Each node's agent ran one rank, under its own node rank.
+    assert sorted(r["node"] for r in result.rounds) == [0, 1]
+    assert sorted(result.node_ranks().items()) in ([(0, 0), (1, 1)], [(0, 1), (1, 0)])
+    assert all(r["group_world_size"] == 2 for r in result.rounds)
+    # Threads follow the 2 processes sharing this machine, not each agent's 1.
+    threads = hardware.threads_per_process(2)
+    assert run.start["threads_per_process"] == threads
+    assert start_lines(shown) == {0: threads, 1: threads}
+    # The commands each node ran are shown, as typed on a node.
+    typed = [line for line in shown.splitlines() if re.match(r"node \d\$ ", line)]
+    assert len(typed) == 2 and all("torchrun --nnodes=2 --nproc-per-node=1" in line
+                                   and "-m workshop_lib.train_ddp --device cpu" in line
+                                   for line in typed)
+
+
+@pytest.mark.slow
+def test_an_elastic_job_finishes_on_the_node_left_when_another_leaves(tmp_path):
+    """``--nnodes=1:2``: node 1 (agent and process) is killed after the first checkpoint;
+    node 0's agent forms a one-node group and its process resumes from the checkpoint."""
+    flags = ["--device", "cpu", "--dataset", "digits", "--epochs", str(ELASTIC_EPOCHS),
+             "--batch-size", "32", "--no-progress", "--out", str(tmp_path)]
+    stream = io.StringIO()
+    job = nodes.start(["-m", "workshop_lib.train_ddp", *flags], nnodes="1:2", nproc=1,
+                      max_restarts=1, stream=stream, rdzv_conf=ELASTIC_RDZV_CONF)
+    deadline = time.monotonic() + 300
+    while job.running() and not (tmp_path / "checkpoint.pt").exists():
+        job.poll()
+        assert time.monotonic() < deadline, stream.getvalue()
+        time.sleep(0.1)
+    job.kill_node(1)
+    result = job.wait(timeout=300)
+    shown = stream.getvalue()
+    assert result.ok, shown
+    assert result.attempts == 2 and list(result.killed) == [1]
+    first, *_, last = [r for r in result.rounds if r["node"] == 0]
+    assert (first["group_world_size"], last["group_world_size"]) == (2, 1)
+    run = runlog.read(tmp_path)
+    (resumed,) = run.resumes
+    assert resumed["world_size"] == 1 and resumed["start_epoch"] >= 2
+    assert run.column("epoch") == list(range(1, ELASTIC_EPOCHS + 1)), "no epoch lost"
+    assert run.final["val_acc"] >= 0.95
+    reform_s = last["seen_s"] - result.killed[1]
+    print(f"group re-formed {reform_s:.1f} s after node 1 was removed")
+    assert reform_s < REFORM_BOUND_S, shown

@@ -1,0 +1,291 @@
+"""One job on several "nodes": a torchrun agent per node, here all on this machine.
+
+On a cluster every node runs the same torchrun command; the agents meet at a rendezvous
+(c10d: a key-value store that the first node hosts), agree on node ranks, and only then
+start their processes. This module starts those agents side by side on one machine, so
+that a learner sees multi-node training, and elastic membership, without a cluster
+(notebook 06). It prints each node's command: on real nodes, type it on node i with
+the first node's address in place of 127.0.0.1 (and without ``--local-addr`` and
+``is_host``, which torchrun then works out from the node's own address).
+
+    python -m workshop_lib.launch --nnodes=2 --nproc-per-node=1 -m workshop_lib.train_ddp
+    python -m workshop_lib.launch --nnodes=1:2 --max-restarts=1 -m workshop_lib.train_ddp
+
+Node ranks come from the rendezvous, in the order the agents joined it (torchrun's
+``--node-rank`` counts only for ``--rdzv-backend=static``). Each agent's log says which
+node rank and global ranks it got, in every attempt (``NodesResult.rounds``).
+From Python: ``result = nodes.run(["-m", "workshop_lib.train_ddp", ...], nnodes="2")``.
+"""
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workshop_lib import hardware, launch
+from workshop_lib.distributed import free_port
+from workshop_lib.errors import CourseError
+
+HOST = "127.0.0.1"  # not "localhost": that may resolve to IPv6 first
+# GLOO_SOCKET_IFNAME: gloo's connections go over the loopback interface, the one that
+# 127.0.0.1 is on (gloo otherwise picks the interface of the machine's hostname).
+# LOGLEVEL=INFO: each agent then logs the rendezvous' outcome (its node rank, its
+# processes' global ranks); the launcher reads it from the agent's output and shows it.
+NODE_ENV = {"GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": "INFO"}
+# The block an agent logs after each rendezvous ("Rendezvous complete for workers").
+RENDEZVOUS = re.compile(
+    r"Rendezvous complete for workers\. Result:.*?restart_count=(\d+).*?group_rank=(\d+)"
+    r".*?group_world_size=(\d+).*?local_ranks=\[([\d, ]*)\].*?global_ranks=\[([\d, ]*)\]",
+    re.S)
+
+
+def parse_nnodes(nnodes):
+    """torchrun's ``--nnodes``: "N" or "MIN:MAX" -> (min, max)."""
+    low, colon, high = str(nnodes).partition(":")
+    try:
+        low, high = int(low), int(high if colon else low)
+    except ValueError:
+        raise CourseError(f"--nnodes takes N or MIN:MAX, got {nnodes!r}") from None
+    if not 1 <= low <= high:
+        raise CourseError(f"--nnodes {nnodes}: need 1 <= MIN <= MAX")
+    return low, high
+
+
+def node_commands(target, nnodes, nproc, port, run_id, max_restarts=0, rdzv_conf=None,
+                  host=HOST):
+    """The torchrun command of each node (as typed on it; output and logs go as torchrun
+    sends them). ``nnodes``: "N", or "MIN:MAX" for elastic membership. ``rdzv_conf``: the
+    rendezvous' settings, e.g. ``{"last_call_timeout": 10}`` (seconds an elastic job waits
+    for more nodes once MIN have joined; 30 by default)."""
+    _, count = parse_nnodes(nnodes)
+    # Every agent here matches 127.0.0.1, so say which one hosts the store: node 0 (then
+    # node 1 can leave without taking the rendezvous with it).
+    conf = [",".join(f"{k}={v}" for k, v in {"is_host": int(node == 0),
+                                              **(rdzv_conf or {})}.items())
+            for node in range(count)]
+    return [["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+             f"--max-restarts={max_restarts}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={run_id}",
+             f"--rdzv-conf={conf[node]}", f"--local-addr={host}", *target]
+            for node in range(count)]
+
+
+def gpu_slices(visible, nnodes):
+    """Each node's share of this machine's GPUs (``visible``: their CUDA indices), so that
+    two agents never put their local rank 0 on the same GPU."""
+    per_node = len(visible) // nnodes
+    return [visible[i * per_node:(i + 1) * per_node] for i in range(nnodes)]
+
+
+def node_envs(nnodes, nproc, visible):
+    """(processes per node, each node's environment) for ``nnodes`` nodes on this machine
+    with the GPUs ``visible`` (CUDA indices). ``nproc`` "auto": an equal share of the GPUs
+    per node if there are enough for one each, else one CPU process per node (and the GPUs
+    hidden, so that no two nodes' ``--device auto`` pick the same one)."""
+    if nproc in ("auto", "gpu") and len(visible) >= nnodes:
+        per_node = len(visible) // nnodes
+    elif nproc == "gpu":
+        raise CourseError(f"--nproc-per-node=gpu on {nnodes} nodes needs at least {nnodes} "
+                          f"GPUs; this machine has {len(visible)}")
+    else:
+        per_node = 1 if nproc == "auto" else int(nproc)
+    # The machine's cores are shared by every node's processes, not by one node's only.
+    shared = {**NODE_ENV, **launch.RESTART_SAFE_ENV,
+              hardware.SHARERS_ENV: str(nnodes * per_node)}
+    if per_node * nnodes <= len(visible):  # each node its own GPUs, as on real nodes
+        return per_node, [{**shared, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+                          for gpus in gpu_slices(visible, nnodes)]
+    if nproc == "auto" and visible:
+        shared["CUDA_VISIBLE_DEVICES"] = ""
+    return per_node, [shared] * nnodes
+
+
+def rendezvous_rounds(agent_output):
+    """Every rendezvous an agent completed, as logged: restart_count, node rank
+    (group_rank), number of nodes, and its processes' local and global ranks."""
+    return [{"restart_count": int(m[1]), "group_rank": int(m[2]),
+             "group_world_size": int(m[3]),
+             "local_ranks": [int(r) for r in m[4].split(",") if r.strip()],
+             "global_ranks": [int(r) for r in m[5].split(",") if r.strip()]}
+            for m in RENDEZVOUS.finditer(agent_output)]
+
+
+def global_rank_of(path, rounds):
+    """The global rank that writes the log file ``path`` (``.../attempt_N/<local rank>/...``)
+    of an agent that logged these ``rounds``; None while the attempt's is not logged yet."""
+    attempt = int(Path(path).parent.parent.name.removeprefix("attempt_"))
+    local_rank = launch.local_rank_of(path)
+    for round_ in rounds:
+        if round_["restart_count"] == attempt and local_rank in round_["local_ranks"]:
+            return round_["global_ranks"][round_["local_ranks"].index(local_rank)]
+    return None
+
+
+@dataclass
+class NodesResult(launch.LaunchResult):
+    """A multi-node job's outcome: ``rounds`` lists every rendezvous each node's agent
+    completed (``node``: which agent; ``seen_s``: when, from the job's start), ``killed``
+    the nodes removed on purpose (``kill_node``) and when."""
+
+    rounds: list = field(default_factory=list)
+    killed: dict = field(default_factory=dict)
+
+    def node_ranks(self, restart_count=0):
+        """{global rank: node rank} in the given attempt."""
+        return {rank: r["group_rank"] for r in self.rounds
+                if r["restart_count"] == restart_count for rank in r["global_ranks"]}
+
+
+class _Agent(launch.Job):
+    """One node's torchrun agent, whose log files are named by local rank: their global
+    ranks come from the rendezvous the agent logged."""
+
+    def __init__(self, node, command, env, log_dir, quiet, stream, output):
+        self.node = node
+        self.rounds = []
+        super().__init__(command, env, log_dir, quiet, stream, rank_of=self.global_rank,
+                         output=output)
+
+    def read_rounds(self):
+        """The rendezvous this agent completed so far; returns the new ones."""
+        found = rendezvous_rounds("".join(self.torchrun_output))
+        new = found[len(self.rounds):]
+        self.rounds = found
+        return new
+
+    def global_rank(self, path):
+        return global_rank_of(path, self.rounds)
+
+    def kill(self):
+        """SIGKILL the agent and its processes at once: a node that loses power."""
+        workers = list(self.worker_pids().values())
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class NodesJob:
+    """The agents of one job, each a ``launch.Job``; their output shown as one job's.
+
+    ``shown``: each node's command as a learner would type it, printed before the start.
+    """
+
+    def __init__(self, commands, envs, log_dir, shown=(), quiet=False, stream=None):
+        self.log_dir, self.quiet, self.stream = Path(log_dir), quiet, stream or sys.stdout
+        self.output, self.killed, self.rounds = [], {}, []
+        for line in shown:
+            self.echo(line + "\n")
+        self.started = time.monotonic()
+        self.agents = [_Agent(node, command, env, self.log_dir / f"node{node}", quiet,
+                              self.stream, self.output)
+                       for node, (command, env) in enumerate(zip(commands, envs, strict=True))]
+
+    def echo(self, text):
+        self.output.append(text)
+        if not self.quiet:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def poll(self):
+        """Show new output; note each newly completed rendezvous, once."""
+        for agent in self.agents:
+            for round_ in agent.read_rounds():
+                seen = time.monotonic() - self.started
+                self.rounds.append({"node": agent.node, **round_, "seen_s": round(seen, 2)})
+                self.echo(f"[node {agent.node}] rendezvous {round_['restart_count']}: node "
+                          f"rank {round_['group_rank']} of {round_['group_world_size']}, "
+                          f"global ranks {round_['global_ranks']}\n")
+            agent.logs.poll()
+
+    def running(self):
+        return [agent for agent in self.agents if agent.process.poll() is None]
+
+    def kill_node(self, node):
+        """Remove a node from the job, as when a machine dies (its agent gets no chance to
+        leave the rendezvous): the other nodes' processes fail, and with ``--nnodes=MIN:MAX``
+        and restarts left their agents form a smaller group and start again."""
+        self.agents[node].kill()
+        self.killed[node] = round(time.monotonic() - self.started, 2)
+        self.echo(f"[node {node}] removed (agent and processes killed)\n")
+
+    def wait(self, timeout=None):
+        """Show the output until every agent has ended (or stop them all ``timeout`` seconds
+        after the start); return the NodesResult and print its summary."""
+        timed_out = False
+        while self.running():
+            self.poll()
+            if timeout is not None and time.monotonic() - self.started > timeout:
+                timed_out = True
+                self.stop()
+                break
+            time.sleep(0.1)
+        results = [agent.result(timeout if timed_out else None) for agent in self.agents]
+        self.poll()
+        result = self._combine(results)
+        self.echo("\n" + result.summary() + "\n")
+        return result
+
+    def _combine(self, results):
+        # The job succeeded when every node that was not removed on purpose did; else it
+        # failed as the first node that did not.
+        kept = [r for node, r in enumerate(results) if node not in self.killed]
+        failed = [r for r in kept if not r.ok]
+        first = failed[0] if failed else (kept or results)[0]
+        return NodesResult(
+            first.returncode if failed else 0, max(r.attempts for r in results), self.log_dir,
+            failed_rank=first.failed_rank, exitcode=first.exitcode, error=first.error,
+            seconds=time.monotonic() - self.started,
+            fault_to_exit_s=next((r.fault_to_exit_s for r in results if r.fault_to_exit_s),
+                                 None),
+            output=self.output, rounds=list(self.rounds), killed=dict(self.killed))
+
+    def stop(self):
+        for agent in self.running():
+            agent.stop()
+
+
+def start(target, nnodes="2", nproc="auto", max_restarts=0, env=None, quiet=False,
+          stream=None, port=None, run_id=None, rdzv_conf=None):
+    """Start one torchrun agent per node on this machine and return a ``NodesJob``.
+
+    ``nnodes``: "N", or "MIN:MAX" (elastic: the job goes on while MIN nodes remain; MAX
+    agents are started). ``nproc``: processes per node; "auto" gives each node an equal
+    share of the GPUs if there are enough, else one CPU process per node.
+    """
+    _, count = parse_nnodes(nnodes)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = visible.split(",") if visible else [
+        str(i) for i in range(hardware.detect().gpus)]
+    per_node, envs = node_envs(count, nproc, visible)
+    port = port or free_port()
+    launch.check_port_free(port, HOST)
+    run_id = run_id or f"nodes-{secrets.token_hex(4)}"
+    commands = node_commands(target, nnodes, per_node, port, run_id, max_restarts, rdzv_conf)
+    envs = [{**node_env, **(env or {})} for node_env in envs]
+    log_dir = Path(tempfile.mkdtemp(prefix="torchrun-nodes-"))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    flags = slice(1, len(commands[0]) - len(target))
+    run_commands = [[torchrun, *command[flags], "--redirects=3",
+                     f"--log-dir={log_dir / f'node{node}'}", *target]
+                    for node, command in enumerate(commands)]
+    shown = [f"node {node}$ " + " ".join(f"{k}={shlex.quote(v)}" for k, v in node_env.items()
+                                         if k != "LOGLEVEL") + " " + shlex.join(command)
+             for node, (command, node_env) in enumerate(zip(commands, envs, strict=True))]
+    return NodesJob(run_commands,
+                    [{**os.environ, "PYTHONUNBUFFERED": "1", **node_env} for node_env in envs],
+                    log_dir, shown, quiet, stream)
+
+
+def run(target, nnodes="2", nproc="auto", max_restarts=0, timeout=None, env=None,
+        quiet=False, stream=None, port=None, run_id=None, rdzv_conf=None):
+    """Run ``target`` on ``nnodes`` local nodes; return the NodesResult (see ``start``)."""
+    return start(target, nnodes, nproc, max_restarts, env, quiet, stream, port, run_id,
+                 rdzv_conf).wait(timeout)
