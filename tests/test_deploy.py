@@ -18,7 +18,7 @@ import slurm
 import yaml
 
 from conftest import DDP_RUN_FLAGS, REPO
-from workshop_lib import nodes, runlog, train_ddp
+from workshop_lib import hardware, nodes, runlog, train_ddp
 
 DEPLOY = REPO / "deploy"
 MANIFESTS = {"trainjob.yaml": "trainjob.schema.json", "pytorchjob.yaml": "pytorchjob.schema.json"}
@@ -173,6 +173,7 @@ def test_the_batch_script_trains_on_two_slurm_nodes(cluster, tmp_path):
     run = runlog.read(out)
     assert run.start["world_size"] == 2
     assert run.final["val_acc"] >= 0.95, "the learning bar"
+    assert run.start["threads_per_process"] == hardware.threads_per_process(2)
     rounds = nodes.rendezvous_rounds(output)
     assert sorted(r["group_rank"] for r in rounds) == [0, 1], "two nodes, one agent each"
     assert sorted(rank for r in rounds for rank in r["global_ranks"]) == [0, 1]
