@@ -14,7 +14,7 @@ averaged gradients. PyTorch ships a few (``torch.distributed.algorithms.ddp_comm
   (PyTorch's default) or rank-4 approximation of each gradient matrix (two thin matrices,
   P and Q) and keeps what it left out for the next step (error feedback); vectors
   (biases) go uncompressed. It all-reduces whole buckets for its first
-  ``START_POWERSGD_ITER - 1`` steps, as PyTorch requires.
+  ``START_POWERSGD_ITER`` steps (PyTorch allows no fewer than 2).
 
 ``compare`` trains the course CNN from one start on the same batches with each hook and
 records, per step, the bytes every rank handed to ``dist.all_reduce`` (a ring all-reduce
@@ -33,7 +33,7 @@ from workshop_lib.inside_ddp import replay
 from workshop_lib.inside_ddp.verify import recorded_all_reduces
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd_rank1", "powersgd_rank4")
-START_POWERSGD_ITER = 2  # the earliest PyTorch allows
+START_POWERSGD_ITER = 2  # steps of whole buckets first: the fewest PyTorch allows
 STEPS, BATCH_SIZE, LR = 45, 32, 0.05  # two epochs of digits on 2 ranks
 
 
