@@ -230,6 +230,9 @@ def test_inside_ddp_step_times_flip_at_their_bars():
     assert not found["overlap"].holds and "the same within 5%" in found["overlap"].text
     assert not found["buckets"].holds and "slower" in found["buckets"].text
     assert not found["as_fast_as_ddp"].holds  # 36 against 30: 20% more
+    noisy = findings.inside_ddp_step_times(inside_ddp_results({"ddp": 25.0}))
+    assert "5.0 ms under local" in noisy["as_fast_as_ddp"].text
+    assert not noisy["as_fast_as_ddp"].holds  # 31 against 25: 24% more
     assert findings.inside_ddp_step_times(None)["step_times"].skipped
 
 

@@ -627,10 +627,13 @@ def inside_ddp_step_times(results):
         found.append(Finding(key, f"{what}: {ms[name]:.1f} ms a step against {against}'s "
                                   f"{ms[reference]:.1f}: {words}.", holds=saved >= STEP_BAR))
     gap = (ms["buckets"] - ms["ddp"]) / ms["ddp"]
+    over = ms["ddp"] - local["median"]
     found.append(Finding(
         "as_fast_as_ddp", f"PyTorch's DDP: {ms['ddp']:.1f} ms a step, "
-                          f"{(ms['ddp'] - local['median']) / ms['ddp']:.0%} of it over local; "
-                          f"the buckets written here took {abs(gap):.0%} "
+                          + (f"{over / ms['ddp']:.0%} of it over local; " if over >= 0 else
+                             f"{-over:.1f} ms under local, which averages nothing (the rounds' "
+                             f"noise exceeds the communication); ")
+                          + f"the buckets written here took {abs(gap):.0%} "
                           f"{'more' if gap > 0 else 'less'}: "
         + (f"as fast (within {STEP_BAR:.0%})." if gap <= STEP_BAR else
            f"slower by more than {STEP_BAR:.0%} (DDP's reducer is C++, and makes each .grad "
