@@ -5,6 +5,7 @@ rendezvous, each agent its own torchrun), and the elastic case: one node is remo
 mid-run and the job finishes on the other, from its checkpoint.
 """
 import io
+import os
 import re
 import time
 
@@ -77,6 +78,26 @@ def test_a_failed_rank_on_another_node_is_named_by_its_global_rank(tmp_path):
                  "  exitcode  : 2 (pid: 9)\n"
     assert launch._root_cause(root_cause, tmp_path, lambda p: nodes.global_rank_of(p, rounds)) \
         == (1, 2, "--lr must be positive")
+
+
+def test_the_job_fails_as_the_node_whose_process_failed_first(tmp_path):
+    def error_file(node, attempt, written_ns):
+        path = tmp_path / f"node{node}" / "run_x" / f"attempt_{attempt}" / "0" / "error.json"
+        path.parent.mkdir(parents=True)
+        path.write_text("{}")
+        os.utime(path, ns=(written_ns, written_ns))
+
+    error_file(0, 0, 1_000)  # node 0 failed first in the first attempt, but that was retried
+    error_file(0, 1, 3_000)  # in the last, node 0's rank only saw its peer go
+    error_file(1, 1, 2_000)
+    results = [launch.LaunchResult(1, 2, tmp_path, failed_rank=rank, error=error)
+               for rank, error in ((0, "Connection closed by peer"), (1, "InjectedFault"))]
+    log_dirs = [tmp_path / "node0", tmp_path / "node1"]
+    assert nodes.first_failure(results, log_dirs).error == "InjectedFault"
+    assert nodes.first_error_ns(tmp_path / "node2") == float("inf"), "no error file"
+    fine = launch.LaunchResult(0, 1, tmp_path)
+    assert nodes.first_failure([fine, results[0]], log_dirs) is results[0]
+    assert nodes.first_failure([fine, fine], log_dirs) is None
 
 
 def test_each_node_gets_its_own_gpus_and_threads_follow_every_nodes_processes():

@@ -127,6 +127,22 @@ def global_rank_of(path, rounds):
     return None
 
 
+def first_error_ns(log_dir):
+    """When the first error file of an agent's last attempt was written (ns; a failed
+    process writes one as it exits); after every time if there is none."""
+    files = list(Path(log_dir).glob("*/attempt_*/*/error.json"))
+    last = max((int(f.parent.parent.name.removeprefix("attempt_")) for f in files), default=0)
+    return min((f.stat().st_mtime_ns for f in files
+                if f.parent.parent.name == f"attempt_{last}"), default=float("inf"))
+
+
+def first_failure(results, log_dirs):
+    """Of the nodes' results (and their agents' log folders), the failed one whose process
+    failed first; None if none failed."""
+    failed = [(r, d) for r, d in zip(results, log_dirs, strict=True) if not r.ok]
+    return min(failed, key=lambda f: first_error_ns(f[1]))[0] if failed else None
+
+
 @dataclass
 class NodesResult(launch.LaunchResult):
     """A multi-node job's outcome: ``rounds`` lists every rendezvous each node's agent
@@ -235,12 +251,16 @@ class NodesJob:
 
     def _combine(self, results):
         # The job succeeded when every node that was not removed on purpose did; else it
-        # failed as the first node that did not.
-        kept = [r for node, r in enumerate(results) if node not in self.killed]
-        failed = [r for r in kept if not r.ok]
-        first = failed[0] if failed else (kept or results)[0]
+        # failed as the node whose process failed first. Each agent names only its own
+        # first failure (node 0's is often "Connection closed by peer" when a rank of node
+        # 1 crashed): on one machine, the error files' times say which came first.
+        kept = [node for node in range(len(results)) if node not in self.killed]
+        failed = first_failure([results[n] for n in kept],
+                               [self.agents[n].log_dir for n in kept])
+        first = failed or results[kept[0] if kept else 0]
+        returncode = first.returncode if failed or not kept else 0  # every node removed: failed
         return NodesResult(
-            first.returncode if failed else 0, max(r.attempts for r in results), self.log_dir,
+            returncode, max(r.attempts for r in results), self.log_dir,
             failed_rank=first.failed_rank, exitcode=first.exitcode, error=first.error,
             seconds=time.monotonic() - self.started,
             fault_to_exit_s=next((r.fault_to_exit_s for r in results if r.fault_to_exit_s),
