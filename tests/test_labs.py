@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO, run_course_command
 from workshop_lib import labs
-from workshop_lib.labs import challenge, sampler, welcome
+from workshop_lib.labs import beyond, challenge, sampler, welcome
 
 EXERCISES = labs._load()
 FILES = REPO / "workshop_lib" / "labs" / "files"
@@ -64,3 +64,51 @@ def test_every_check_fails_its_stub_and_passes_its_solution():
     result = run_course_command(["-m", "workshop_lib.labs", "check"], timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert f"{len(EXERCISES)} of {len(EXERCISES)} exercises" in result.stdout
+
+
+SBATCH_ACCEPTED = [
+    beyond.REFERENCE,
+    "#SBATCH -N 2\n#SBATCH --gres=gpu:4\n#SBATCH -t 30\n",
+    "#SBATCH -N2 --ntasks=2 --gres=gpu:a100:4,nvme:1 --time=1:00:00 --mem=0 --exclusive\n",
+    "#SBATCH --nodes 2 --ntasks-per-node 1 --gpus-per-task=h100:4 --time=30  # a comment\n",
+    "#SBATCH --nodes=1\n#SBATCH --nodes=2-2 --gpus-per-node=4 --time=5 -A proj -p gpu\n",
+]
+SBATCH_REFUSED = [
+    (beyond.STUB, "1 node(s)"),
+    ("#SBATCH --nodes=2 --gpus=8 --time=30\n", "may split unevenly"),
+    ("#SBATCH --nodes=2-4 --gpus-per-node=4 --time=30\n", "2 to 4 nodes"),
+    ("#SBATCH --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=30\n", "4 task(s)"),
+    ("#SBATCH --nodes=2 --gpus-per-node=4\n", "no --time"),
+    ("#SBATCH --nodes=2 --gpu-per-node=4 --time=30\n", "did you mean --gpus-per-node"),
+    ("#SBATCH --nodes=two --gpus-per-node=4 --time=30\n", "write a number"),
+    ("#SBATCH --nodes\n", "needs a value"),
+    ("#SBATCH --nodes=2 --time=30\nsrun hostname\n#SBATCH --gpus-per-node=4\n", "0 GPU(s)"),
+    ("#SBATCH --nodes=2 --gpus-per-node='4 --time=30\n", "cannot read"),
+]
+
+
+@pytest.mark.parametrize("header", SBATCH_ACCEPTED)
+def test_the_sbatch_header_check_accepts_every_way_sbatch_reads_the_same_allocation(header):
+    verdict = beyond.check(header)
+    assert verdict.ok, verdict.reason
+    assert verdict.details == {"nodes": 2, "gpus_per_node": 4}
+
+
+@pytest.mark.parametrize("header,reason", SBATCH_REFUSED)
+def test_the_sbatch_header_check_says_what_the_allocation_lacks(header, reason):
+    verdict = beyond.check(header)
+    assert not verdict.ok and reason in verdict.reason, verdict.reason
+
+
+def test_the_sbatch_header_check_reads_a_batch_script_file(tmp_path):
+    path = tmp_path / "job.sbatch"
+    beyond.solution(path=path)
+    assert beyond.check(str(path)).ok and beyond.check(path).ok
+
+
+def test_the_learners_header_goes_on_the_course_scripts_commands():
+    course = (REPO / "deploy" / "train_ddp.sbatch").read_text()
+    script = beyond.batch_script(beyond.REFERENCE, course)
+    assert beyond.check(script).ok, "sbatch reads the learner's header, not the course's"
+    assert script.count("#SBATCH --nodes") == 1 and script.startswith("#!/bin/bash\n")
+    assert script.endswith(course[course.index("set -euo pipefail"):])

@@ -16,7 +16,7 @@ with the instructor.)
 
 Exercises, by notebook: ``welcome`` (00), ``sgd`` (01), ``sampler``, ``conversion`` and
 ``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04), ``fit_in_memory`` (05),
-``overlap``, ``buckets`` and ``zero1`` (07).
+``sbatch_header`` (06), ``overlap``, ``buckets`` and ``zero1`` (07).
 """
 import inspect
 from collections.abc import Callable
@@ -62,6 +62,7 @@ def register(exercise):
 def _load():
     """Import every exercise module (each registers its exercises)."""
     from workshop_lib.labs import (  # noqa: F401
+        beyond,
         challenge,
         conversion,
         debugging,
