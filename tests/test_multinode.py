@@ -149,7 +149,7 @@ def test_two_nodes_on_one_machine_train_as_one_job(tmp_path):
     shown = stream.getvalue()
     assert result.ok, shown
     run = runlog.read(tmp_path)
-    assert run.start["world_size"] == 2
+    assert run.start["world_size"] == 2 and run.start["nodes"] == 2
     assert run.final["val_acc"] >= 0.95, "the learning bar"
     # Each node's agent ran one rank, under its own node rank.
     assert sorted(r["node"] for r in result.rounds) == [0, 1]
@@ -190,6 +190,7 @@ def test_an_elastic_job_finishes_on_the_node_left_when_another_leaves(tmp_path):
     run = runlog.read(tmp_path)
     (resumed,) = run.resumes
     assert resumed["world_size"] == 1 and resumed["start_epoch"] >= 2
+    assert (run.start["nodes"], resumed["nodes"]) == (2, 1)
     assert run.column("epoch") == list(range(1, ELASTIC_EPOCHS + 1)), "no epoch lost"
     assert run.final["val_acc"] >= 0.95
     reform_s = last["seen_s"] - result.killed[1]

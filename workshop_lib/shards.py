@@ -245,7 +245,7 @@ def uneven_epoch(folder, mode, batch_size, device):
 
 
 def main(argv=None):
-    """``torchrun ... -m workshop_lib.shards --data-dir DIR --mode equal|uneven|join``."""
+    """``torchrun ... -m workshop_lib.shards --data-dir DIR --mode equal|uneven|join ...``."""
     import os
 
     import torch.distributed as dist
@@ -258,7 +258,9 @@ def main(argv=None):
         parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.shards",
                                     description=main.__doc__)
         parser.add_argument("--data-dir", type=Path, required=True)
-        parser.add_argument("--mode", choices=("equal", "uneven", "join"), default="equal")
+        parser.add_argument("--mode", choices=("equal", "uneven", "join"), action="append",
+                            help="equal (default), uneven or join; given twice or more, the "
+                                 "modes run in turn in the same job")
         parser.add_argument("--batch-size", type=int, default=32)
         parser.add_argument("--dist-timeout", type=float, default=60)
         args = parser.parse_args(argv)
@@ -268,8 +270,9 @@ def main(argv=None):
         device = torch.device("cpu")
         hardware.configure_cpu_threads(device)
         with distributed.process_group("gloo", args.dist_timeout):
-            steps = uneven_epoch(args.data_dir, args.mode, args.batch_size, device)
-            print(f"{args.mode}: {steps} steps on rank {dist.get_rank()}, done", flush=True)
+            for mode in args.mode or ["equal"]:
+                steps = uneven_epoch(args.data_dir, mode, args.batch_size, device)
+                print(f"{mode}: {steps} steps on rank {dist.get_rank()}, done", flush=True)
 
     return run()
 

@@ -183,7 +183,8 @@ def fit(args, device, rank, world_size):
               backend=dist.get_backend(), world_size=world_size, batch_size=args.batch_size,
               global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch, lr=lr,
               warmup_steps=warmup_steps, accumulate=args.accumulate, amp=args.amp,
-              threads_per_process=threads, start_epoch=start_epoch)
+              threads_per_process=threads, start_epoch=start_epoch,
+              nodes=int(os.environ.get("GROUP_WORLD_SIZE", 1)))  # torchrun agents in the job
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
