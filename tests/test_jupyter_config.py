@@ -141,7 +141,10 @@ def test_learner_workspace_holds_copies_and_never_overwrites(tmp_path):
     assert sorted(p.name for p in (workspace / "ddp_refactor").iterdir()) == sorted(
         p.name for p in release.iterdir() if p.is_file()
         and p.name not in ("train_digits.py", "train_digits_ddp.py"))
-    assert sorted(p.name for p in workspace.iterdir()) == ["ddp_refactor", "notebooks"]
+    assert (workspace / "deploy" / "train_ddp.sbatch").read_bytes() == (
+        REPO / "deploy" / "train_ddp.sbatch").read_bytes(), "notebook 06 reads deploy/"
+    assert (workspace / "deploy" / "schemas" / "trainjob.schema.json").is_file()
+    assert sorted(p.name for p in workspace.iterdir()) == ["ddp_refactor", "deploy", "notebooks"]
     edited = workspace / "ddp_refactor" / "ddp_refactor.ipynb"
     edited.write_text("a learner's work")
     (workspace / "notebooks" / notebooks[0]).unlink()

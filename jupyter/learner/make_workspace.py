@@ -3,8 +3,10 @@ assessment as learners receive it, and nothing else of the repository.
 
     python jupyter/learner/make_workspace.py WORKSPACE
 
-WORKSPACE/notebooks/ gets notebooks/*.ipynb and WORKSPACE/ddp_refactor/ the files of
-assessment/release/ddp_refactor/ (none of the files its notebook writes when it runs).
+WORKSPACE/notebooks/ gets notebooks/*.ipynb, WORKSPACE/deploy/ the cluster files of
+deploy/ (notebook 06 reads them, and a learner adapts them to their cluster) and
+WORKSPACE/ddp_refactor/ the files of assessment/release/ddp_refactor/ (none of the files its
+notebook writes when it runs).
 A file is copied only when the workspace does not have it yet, so a learner's work is never
 overwritten: delete a copy to get the repository's version again. The notebooks run from
 there as from notebooks/: they import workshop_lib (installed in development mode) and
@@ -24,6 +26,8 @@ WRITTEN_BY_THE_NOTEBOOK = {"train_digits.py", "train_digits_ddp.py"}
 def learner_files():
     """``{path in the workspace: path in the repository}``."""
     files = {Path("notebooks") / p.name: p for p in sorted((REPO / "notebooks").glob("*.ipynb"))}
+    files.update({p.relative_to(REPO): p for p in sorted((REPO / "deploy").rglob("*"))
+                  if p.is_file() and "__pycache__" not in p.parts})
     files.update({Path("ddp_refactor") / p.name: p for p in sorted(ASSIGNMENT.iterdir())
                   if p.is_file() and p.name not in WRITTEN_BY_THE_NOTEBOOK})
     return files
