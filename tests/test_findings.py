@@ -302,3 +302,76 @@ def test_the_closing_summary_holds_every_section():
         assert key in found
     assert all(f.skipped or f.holds is None for f in findings.inside_ddp(None, "wrn", 10**6)
                if f.key != "fsdp_pointer")
+
+
+# Notebook 06
+
+
+@pytest.mark.parametrize("shards_acc,holds", [(0.97, True), (0.90, False)])
+def test_shards_learn_as_memory_does_within_the_bar(shards_acc, holds):
+    found = findings.shards_vs_memory(run([0.9, 0.975], samples_per_s=2000),
+                                      run([0.9, shards_acc], samples_per_s=1000))
+    assert found["shards_accuracy"].holds is holds
+    assert "0.50x" in found["shards_speed"].text
+
+
+def launch_result(ok, output, seconds=20.0, error=None):
+    from workshop_lib.launch import LaunchResult
+    return LaunchResult(0 if ok else 1, 1, None, error=error, seconds=seconds, output=output)
+
+
+def test_uneven_shards_hang_and_both_cures_finish_only_when_the_steps_say_so():
+    lines = ["equal: 17 steps on rank 0, done\n", "[rank 1] equal: 17 steps on rank 1, done\n",
+             "join: 27 steps on rank 0, done\n", "[rank 1] join: 18 steps on rank 1, done\n"]
+    equal = findings.steps_by_rank(lines, "equal")
+    join = findings.steps_by_rank(lines, "join")
+    assert (equal, join) == ({0: 17, 1: 17}, {0: 27, 1: 18})
+    timed_out = launch_result(False, ["[rank1]: RuntimeError: ... Timed out waiting 8000ms"])
+    found = findings.uneven_shards(equal, timed_out, join, 8)
+    assert all(f.holds for f in found) and "8 s timeout" in found["uneven_hangs"].text
+    finished = findings.uneven_shards({0: 17, 1: 16}, launch_result(True, []), {0: 18, 1: 18}, 8)
+    assert not any(f.holds for f in finished)
+    assert "did NOT hang (it finished)" in finished["uneven_hangs"].text
+    assert findings.uneven_shards({0: 17}, None, {}, 8)["uneven_shards"].skipped
+
+
+def nodes_result(rounds, killed=None, ok=True):
+    from workshop_lib.nodes import NodesResult
+    return NodesResult(0 if ok else 1, 1 + bool(killed), None, rounds=rounds,
+                       killed=killed or {}, error=None if ok else "RuntimeError: x")
+
+
+def rendezvous(node, rank, nodes=2, attempt=0, seen_s=4.0):
+    return {"node": node, "restart_count": attempt, "group_rank": rank,
+            "group_world_size": nodes, "local_ranks": [0], "global_ranks": [rank],
+            "seen_s": seen_s}
+
+
+def test_two_nodes_are_the_one_node_job_only_when_every_epochs_loss_matches():
+    one_node = run([0.8, 0.95], world_size=2, global_batch=64)
+    same = run([0.8, 0.95], world_size=2, global_batch=64)
+    same.start["nodes"] = 2
+    result = nodes_result([rendezvous(0, 0), rendezvous(1, 1)])
+    found = findings.two_nodes(result, same, one_node)
+    assert found["layout"].holds and found["same_as_one_node"].holds
+    other = run([0.8, 0.96], world_size=2, global_batch=64)
+    other.start["nodes"] = 2
+    assert findings.two_nodes(result, other, one_node)["same_as_one_node"].holds is False
+    twice = nodes_result([rendezvous(0, 0), rendezvous(1, 0)])
+    assert findings.two_nodes(twice, same, one_node)["layout"].holds is False
+    assert "agent" in findings.layout_table(result)
+
+
+def test_an_elastic_job_is_judged_by_its_resume_and_its_epochs():
+    job = run([0.5, 0.9, 0.95], world_size=2, global_batch=64)
+    job.resumes.append({**job.start, "world_size": 1, "global_batch_size": 32,
+                        "batch_size": 32, "start_epoch": 2})
+    rounds = [rendezvous(0, 0), rendezvous(1, 1), rendezvous(0, 0, nodes=1, attempt=1,
+                                                             seen_s=25.0)]
+    found = findings.elastic(nodes_result(rounds, killed={1: 10.0}), job, 3)
+    assert found["elastic_reforms"].holds and "15 s later" in found["elastic_reforms"].text
+    assert "from 64 to 32" in found["elastic_batch"].text
+    assert findings.elastic(nodes_result(rounds, killed={1: 10.0}), job, 4)[
+        "elastic_reforms"].holds is False, "an epoch missing"
+    assert findings.elastic(nodes_result(rounds[:2], killed={1: 10.0}, ok=False), job, 3)[
+        "elastic_reforms"].holds is False
