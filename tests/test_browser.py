@@ -9,7 +9,7 @@ Playwright:
   instructor panel, the course's own settings (no news prompt, no update check, no
   extension manager);
 - notebook 01: the batch-size slider redraws the SGD plot;
-- notebook 02: a ``%%bash torchrun`` cell prints every rank's start-up line and the final
+- notebook 00: its first ``%%bash torchrun`` cell prints every rank's start-up line and the final
   ``done:`` line, while the GPU dashboard (jupyterlab-nvdashboard) keeps streaming;
 - the assessment: the learner's notebook has nbgrader's *Validate* button, and it validates;
   the instructor's JupyterLab (``make instructor``) has the formgrader listing the assignment.
@@ -533,7 +533,9 @@ def open_dashboard_beside(lab_page, panel_id, chart):
 
 def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, scratch,
                                                                     screenshots):
-    notebook = scratch / "workspace" / "notebooks" / "02_from_one_gpu_to_many.ipynb"
+    # Notebook 00's first launch: the course's own train_ddp (notebook 02's launch runs the
+    # learner's script, which prints what the learner wrote).
+    notebook = scratch / "workspace" / "notebooks" / "00_welcome.ipynb"
     first_cells = [cell_index(notebook, is_parameters), cell_index(notebook, calls_setup)]
     torchrun_cell = cell_index(notebook, lambda cell: cell.source.startswith("%%bash")
                                and "torchrun" in cell.source and "workshop_lib.train_ddp"
@@ -561,7 +563,7 @@ def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, sc
     updates_at_start = dashboard_updates.count(stream)
     lab_page.wait_for_output(panel_id, torchrun_cell, r"\[rank 0/\d+\]")
     lab_page.scroll_to_cell(panel_id, torchrun_cell)
-    screenshots.take(page, "torchrun-running", f"notebook 02's torchrun cell while it runs "
+    screenshots.take(page, "torchrun-running", f"notebook 00's torchrun cell while it runs "
                      f"(kernel busy), the nvdashboard {chart} chart updating beside it")
     output = lab_page.wait_for_output(panel_id, torchrun_cell, r"^done: ")
     lab_page.wait_for_kernel(panel_id, "idle", timeout_s=60)
