@@ -402,7 +402,7 @@ def test_cells_a_learner_adds_are_not_graded(course, student):
     assert script.split("\n")[0] == "%%writefile train_digits_ddp.py"
     if student == "script_cell_as_kernel_code":
         assert course["scores"][student]["total"][0] == 0
-        assert "never called digits_data.load_data()" in feedback_text(course, student)
+        assert "the script never called load_data()" in feedback_text(course, student)
     else:
         assert_only_failing(course, student, VARIANTS[student][1])
     assert "Dropped 1 cell(s) that are not part of the assignment" in course["autograde_log"]
