@@ -77,3 +77,60 @@ def test_bench_worker_aborts_on_error(one_rank, monkeypatch, tmp_path):
         workers.worker(0, bench_plan, free_port(), str(raw))
     assert one_rank == ["abort"]
     assert not raw.exists()
+
+
+# A finished collective whose tensor's last reference is gloo's worker thread, dropped
+# slowly (a tensor subclass whose __del__ takes 0.3 s): the main thread reaches Python's
+# shutdown while the worker still holds the tensor, as happens by chance at the end of a
+# training job on a loaded machine.
+LATE_TENSOR_JOB = """
+import sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+if sys.argv[1] == "guarded":
+    from workshop_lib import distributed  # registers distributed.wait_for_gloo_workers
+import threading
+class Slow(torch.Tensor):
+    def __del__(self):
+        worker = threading.current_thread() is not threading.main_thread()
+        print("dropped by", "gloo's worker" if worker else "the main thread", file=sys.stderr,
+              flush=True)
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            pass
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(4, 2))  # after DDP, the workers outlive the group
+t = torch.Tensor._make_subclass(Slow, torch.ones(10))
+work = dist.all_reduce(t, async_op=True)
+del t, work  # the worker now holds the last reference
+time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["unguarded", "guarded"])
+def test_a_tensor_dropped_by_gloo_during_shutdown_aborts_unless_the_exit_guard_waits(
+        mode, monkeypatch):
+    """PyTorch issue 190489, reproduced: without ``distributed.wait_for_gloo_workers`` the
+    process aborts (SIGABRT, "terminate called without an active exception") after its
+    work is done; with it (imported with ``workshop_lib.distributed``), it exits cleanly."""
+    import signal
+    import subprocess
+    import sys
+    # Which thread drops the tensor is a race (the worker may let go before the main thread's
+    # `del`): retry until the worker did, the case this test is about.
+    for _ in range(5):
+        env = {**__import__("os").environ, "RANK": "0", "WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        result = subprocess.run([sys.executable, "-c", LATE_TENSOR_JOB, mode], env=env,
+                                capture_output=True, text=True, timeout=120)
+        if "dropped by gloo's worker" in result.stderr:
+            break
+    assert "dropped by gloo's worker" in result.stderr, result.stderr[-2000:]
+    if mode == "unguarded":
+        assert result.returncode == -signal.SIGABRT, (
+            "PyTorch no longer aborts here: the exit guard may be removable", result.stderr)
+        assert "terminate called without an active exception" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]
