@@ -112,3 +112,41 @@ def test_the_learners_header_goes_on_the_course_scripts_commands():
     assert beyond.check(script).ok, "sbatch reads the learner's header, not the course's"
     assert script.count("#SBATCH --nodes") == 1 and script.startswith("#!/bin/bash\n")
     assert script.endswith(course[course.index("set -euo pipefail"):])
+
+
+DDP_UNDER_DETAIL = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+DDP(torch.nn.Linear(4, 2))
+print("constructed")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_notebook_04_cuts_the_job_down_because_ddp_crashes_under_detail_on_gloo():
+    """Notebook 04 says PyTorch 2.14's ``DDP(...)`` crashes on gloo with
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, and runs the cut-down script instead. When a PyTorch
+    upgrade fixes it, this fails: run debug_job.py itself under DETAIL there again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from workshop_lib.distributed import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    plain = subprocess.run([sys.executable, "-c", DDP_UNDER_DETAIL], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and "constructed" in plain.stdout, plain.stderr[-2000:]
+    env["MASTER_PORT"] = str(free_port())
+    detail = subprocess.run([sys.executable, "-c", DDP_UNDER_DETAIL],
+                            env={**env, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+                            capture_output=True, text=True, timeout=120)
+    assert detail.returncode == -signal.SIGSEGV, (detail.returncode, detail.stderr[-2000:])
+    script = (FILES / "debug_mismatch.py").read_text()
+    job = (FILES / "debug_job.py").read_text()
+    for line in ("dist.all_reduce(sums)", "dist.barrier()"):
+        assert line in script and line in job, f"the cut-down script keeps {line!r}"

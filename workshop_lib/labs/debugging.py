@@ -50,10 +50,18 @@ def check(path):
                          f"accuracy over all {samples} validation samples")
 
 
-def copy(name, path=None):
-    path = Path(path) if path else Path(tempfile.mkdtemp(prefix="lab-")) / "my_debug_job.py"
+def copy(name, path=None, default="my_debug_job.py"):
+    path = Path(path) if path else Path(tempfile.mkdtemp(prefix="lab-")) / default
     path.write_text((FILES / name).read_text())
     return path
+
+
+def mismatch_script(path=None):
+    """A copy of ``files/debug_mismatch.py``: the end of debug_job.py's epoch (the same
+    collectives in the same order on each rank) without the model, small enough to run with
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo, where PyTorch 2.14's ``DDP(...)`` crashes
+    under ``DETAIL`` (tests/test_labs.py pins both)."""
+    return copy("debug_mismatch.py", path, default="debug_mismatch.py")
 
 
 register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hanging DDP job",
