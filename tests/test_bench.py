@@ -88,7 +88,8 @@ def test_loop_overhead_and_data_path_are_positive_ratios(quick_bench):
     assert path["workers"] >= 1 and path["worker_startup_s"] > 0
     assert [r["what"] for r in path["rows"]] == ["train", "load"]
     for row in path["rows"]:
-        for key in ("tensor_loader_samples_per_s", "data_loader_samples_per_s", "ratio"):
+        for key in ("tensor_loader_samples_per_s", "data_loader_samples_per_s", "ratio",
+                    "shard_loader_samples_per_s", "shard_ratio"):
             stats_are_sane(row[key])
 
 
@@ -202,7 +203,7 @@ def test_table_shows_the_json_figures(quick_bench):
     for row in report["precision"]:
         in_one_line(row["variant"], shown(row["speedup"], ".2f"), f"{row['saved_ratio']:.2f}")
     for row in report["data_path"]["rows"]:
-        in_one_line(shown(row["ratio"], ".2f"))
+        in_one_line(shown(row["ratio"], ".2f"), shown(row["shard_ratio"], ".2f"))
     assert "wrote" in stdout
 
 

@@ -78,7 +78,8 @@ def fake_raw(bench_plan, on_cpu=1.0):
                           for c in bench_plan.configs},
         "data_path": {"workers": 2, "worker_startup_s": 0.1, "timings": {
             "train/tensor_loader": epoch_timings(0.1), "train/data_loader": epoch_timings(0.12),
-            "load/tensor_loader": epoch_timings(0.001), "load/data_loader": epoch_timings(0.05)}},
+            "load/tensor_loader": epoch_timings(0.001), "load/data_loader": epoch_timings(0.05),
+            "train/shard_loader": epoch_timings(0.2), "load/shard_loader": epoch_timings(0.1)}},
         "precision": {"course": {
             "timings": {name: epoch_timings(s) for name, (s, _, _) in PRECISION.items()},
             "saved_bytes": {name: b for name, (_, b, _) in PRECISION.items()},
@@ -246,6 +247,9 @@ def test_loop_overhead_and_data_path_ratios():
     ratios = {r["what"]: r["ratio"] for r in path["rows"]}
     constant(ratios["train"], 0.12 / 0.1)
     constant(ratios["load"], 0.05 / 0.001)
+    shard_ratios = {r["what"]: r["shard_ratio"] for r in path["rows"]}
+    constant(shard_ratios["train"], 0.2 / 0.1)
+    constant(shard_ratios["load"], 0.1 / 0.001)
 
 
 def full_report(bench_plan, interconnect=None, on_cpu=1.0):

@@ -270,10 +270,15 @@ def data_path_section(path, config):
     rows = []
     for what in ("train", "load"):
         tensor_loader, data_loader = rates[f"{what}/tensor_loader"], rates[f"{what}/data_loader"]
-        rows.append({"what": what,
-                     "tensor_loader_samples_per_s": summary(tensor_loader),
-                     "data_loader_samples_per_s": summary(data_loader),
-                     "ratio": per_round(tensor_loader, data_loader)})
+        row = {"what": what,
+               "tensor_loader_samples_per_s": summary(tensor_loader),
+               "data_loader_samples_per_s": summary(data_loader),
+               "ratio": per_round(tensor_loader, data_loader)}
+        if f"{what}/shard_loader" in rates:  # record shards (notebook 06)
+            shard_loader = rates[f"{what}/shard_loader"]
+            row.update(shard_loader_samples_per_s=summary(shard_loader),
+                       shard_ratio=per_round(tensor_loader, shard_loader))
+        rows.append(row)
     return {"config": config.name, "model": config.label, "batch_size": config.batch_size,
             "workers": path["workers"], "worker_startup_s": path["worker_startup_s"],
             "rows": rows}

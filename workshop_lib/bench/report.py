@@ -195,17 +195,25 @@ def trial_table(trials, course):
 
 def data_path_section(report):
     path = report["data_path"]
+    with_shards = all("shard_loader_samples_per_s" in r for r in path["rows"])
     rows = [{"what": "training" if r["what"] == "train" else "loading only",
              "tensor": format_stats(r["tensor_loader_samples_per_s"], ",.0f"),
              "loader": format_stats(r["data_loader_samples_per_s"], ",.0f"),
-             "ratio": format_stats(r["ratio"], ".2f")} for r in path["rows"]]
+             "ratio": format_stats(r["ratio"], ".2f"),
+             **({"shards": format_stats(r["shard_loader_samples_per_s"], ",.0f"),
+                 "shard_ratio": format_stats(r["shard_ratio"], ".2f")} if with_shards else {})}
+            for r in path["rows"]]
+    columns = {"what": ("samples/s", ""), "tensor": ("TensorLoader", ""),
+               "loader": ("DataLoader", ""), "ratio": ("ratio", "")}
+    if with_shards:
+        columns.update(shards=("record shards", ""), shard_ratio=("ratio", ""))
     return [
         f"4. Data path ({path['config']} step, {path['model']}, batch {path['batch_size']}): "
         f"device-resident TensorLoader vs DataLoader with {path['workers']} workers "
-        f"(start-up {path['worker_startup_s']:.2f} s, not in the figures)",
-        runlog.format_table(rows, {
-            "what": ("samples/s", ""), "tensor": ("TensorLoader", ""),
-            "loader": ("DataLoader", ""), "ratio": ("ratio", "")}),
+        f"(start-up {path['worker_startup_s']:.2f} s, not in the figures)"
+        + (" and vs WebDataset record shards (workshop_lib.shards; ratio: TensorLoader's "
+           "samples/s over theirs)" if with_shards else ""),
+        runlog.format_table(rows, columns),
     ]
 
 

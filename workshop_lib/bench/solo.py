@@ -1,5 +1,6 @@
-"""The measurements one process takes alone: loop overhead, the data path, and the step
-in fp32, bf16, fp16 and with gradient checkpointing.
+"""The measurements one process takes alone: loop overhead, the data path (in memory, a
+DataLoader, record shards), and the step in fp32, bf16, fp16 and with gradient
+checkpointing.
 
 Rank 0 runs these after the process group has been left, while the other ranks have
 exited: no rank waits in a collective for minutes of single-process work (with Wide
@@ -8,12 +9,14 @@ ResNet 16-10 on GPUs these sections outlast any sensible collective timeout).
 import copy
 import multiprocessing
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from workshop_lib import data, hardware, memory, scaling, train
+from workshop_lib import data, hardware, memory, scaling, shards, train
 from workshop_lib.precision import PLAIN, Precision
 from workshop_lib.train import train_step  # the step learners run, timed as it is
 
@@ -28,7 +31,9 @@ def alone(plan, device, train_set, info):
         config.name: loop_overhead(plan, device, epoch_set, info, config)
         for config in plan.configs}}
     log(f"loop overhead done ({time.perf_counter() - started:.0f} s)")
-    results["data_path"] = data_path(plan, device, epoch_set, info, plan.configs[0])
+    with tempfile.TemporaryDirectory(prefix="bench-shards-") as scratch:
+        results["data_path"] = data_path(plan, device, epoch_set, info, plan.configs[0],
+                                         scratch)
     log(f"data path done ({time.perf_counter() - started:.0f} s)")
     results["precision"] = {config.name: precision(plan, device, train_set, info, config)
                             for config in plan.configs if config.name in plan.precision_configs}
@@ -98,10 +103,18 @@ def loop_overhead(plan, device, epoch_set, info, config):
     return interleaved_epochs(plan, device, loops, samples_per_epoch=len(epoch_set))
 
 
-def data_path(plan, device, epoch_set, info, config):
-    """Device-resident TensorLoader against a DataLoader with workers: training fed by
-    each, and each loader alone (batches moved to the device, no training)."""
+SHARDS = 8  # the data path's record shards (notebook 06's default)
+
+
+def data_path(plan, device, epoch_set, info, config, scratch):
+    """Device-resident TensorLoader against a DataLoader with workers and against the
+    record shards' reader (the same samples as WebDataset shards in ``scratch``): training
+    fed by each, and each loader alone (batches moved to the device, no training)."""
     b, workers = config.batch_size, plan.loader_workers
+    samples = list(zip(*epoch_set.tensors, strict=True))
+    split = shards.Split(Path(scratch), "train",
+                         tuple(shards.write(samples, scratch, SHARDS, "train")))
+    shard_loader = shards.ShardLoader(shards.ShardSchedule(split, 0, 1, seed=0), b, device)
     model = config.build(info).to(device)
     optimizer = config.optimizer(model)
     tensor_loader = data.TensorLoader(
@@ -132,6 +145,8 @@ def data_path(plan, device, epoch_set, info, config):
         "train/data_loader": lambda: train_on(data_loader),
         "load/tensor_loader": lambda: load_only(tensor_loader),
         "load/data_loader": lambda: load_only(data_loader),
+        "train/shard_loader": lambda: train_on(shard_loader),
+        "load/shard_loader": lambda: load_only(shard_loader),
     }
     timings = interleaved_epochs(plan, device, loops, samples_per_epoch=len(epoch_set))
     return {"timings": timings, "workers": workers, "worker_startup_s": startup_s}
