@@ -2,8 +2,9 @@
 
 ``files/debug_job.py`` trains, evaluates after each epoch and saves a checkpoint from rank
 0, and stops making progress at the end of its first epoch. The learner reads the
-launcher's summary, reruns it with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, dumps the stuck
-ranks' stacks (``Job.dump_stacks()``, py-spy), and writes the fixed script. The check runs
+launcher's summary, dumps the stuck ranks' stacks (``Job.dump_stacks()``, py-spy), runs
+the job's end-of-epoch collectives cut down to ``files/debug_mismatch.py`` with
+``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and writes the fixed script. The check runs
 the learner's script on two processes: it must finish, and the accuracy it reports must
 cover the whole validation set (a "fix" that drops the all-reduce finishes too, but
 reports one rank's share).
