@@ -638,4 +638,11 @@ def main(evidence_dir, out_dir, script, *script_args):
 if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(f"usage: {Path(__file__).name} EVIDENCE_DIR OUT_DIR SCRIPT [ARGS...]")
-    sys.exit(main(*sys.argv[1:]))
+    status = main(*sys.argv[1:])
+    # The record is written: leave without Python's shutdown. A gloo group's worker
+    # threads outlive destroy_process_group once DDP has used it (torch 2.14), and one that
+    # drops a tensor while Python shuts down aborts the process (PyTorch issue 190489): the
+    # job would fail, and the learner be marked down, after the script did all its work.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
