@@ -150,3 +150,25 @@ def test_notebook_04_cuts_the_job_down_because_ddp_crashes_under_detail_on_gloo(
     job = (FILES / "debug_job.py").read_text()
     for line in ("dist.all_reduce(sums)", "dist.barrier()"):
         assert line in script and line in job, f"the cut-down script keeps {line!r}"
+
+
+SOLUTION_MARKERS = {  # a line of each reference answer, as the learner writes it
+    "welcome": "'global_batch':", "sgd": "def my_sgd(", "sampler": "'shard_size': 5,",
+    "conversion": "DistributedSampler", "from_scratch": "class NaiveDataParallel",
+    "challenge": "--lr-scaling linear", "debugging": "dist.all_reduce(sums)",
+    "fit_in_memory": "--accumulate 4", "sbatch_header": "#SBATCH --nodes=2",
+    "overlap": "class OverlappedDataParallel", "buckets": "class BucketedDataParallel",
+    "zero1": "class ShardedOptimizer",
+}
+
+
+def test_every_exercise_has_a_solution_marker():
+    assert set(SOLUTION_MARKERS) == set(EXERCISES)
+
+
+@pytest.mark.parametrize("key", sorted(SOLUTION_MARKERS))
+def test_show_solution_prints_the_answer_not_the_code_that_loads_it(key, capsys):
+    labs.show_solution(key)
+    shown = capsys.readouterr().out
+    assert SOLUTION_MARKERS[key] in shown, shown[:500]
+    assert "lambda" not in shown.splitlines()[0] and 'copy("' not in shown, shown[:500]

@@ -21,6 +21,7 @@ Exercises, by notebook: ``welcome`` (00), ``sgd`` (01), ``sampler``, ``conversio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Exercise:
     solution: Callable   # solution(**context) -> the reference answer
     stub_reason: str     # words the check's reason must contain for the stub
     context: Callable = dict  # context() -> what the three need, for `labs check`
+    shown: Callable | None = None  # shown() -> the answer as show_solution prints it
 
 
 EXERCISES = {}
@@ -94,6 +96,21 @@ def solution(key, **context):
 
 
 def show_solution(key):
-    """Print the reference solution's source, for a learner who is stuck."""
-    answer = get(key).solution
-    print(inspect.getsource(answer))
+    """Print the reference answer of exercise ``key`` as the learner would write it (the
+    script, the function, the values to fill in), for a learner who is stuck."""
+    print(solution_text(key))
+
+
+def solution_text(key):
+    """The reference answer of exercise ``key``, as text."""
+    exercise = get(key)
+    if exercise.shown is not None:
+        return exercise.shown()
+    answer = exercise.solution()
+    if isinstance(answer, Path):  # a script the exercise's cell writes
+        return answer.read_text()
+    if isinstance(answer, dict):  # the values of the answer cell's dict
+        return "\n".join(f"{name!r}: {value!r}," for name, value in answer.items())
+    if callable(answer):
+        return inspect.getsource(answer)
+    return str(answer)

@@ -57,4 +57,5 @@ def check(my_sgd, problem=None):
 register(Exercise("sgd", "01_sgd_and_batch_size", "write mini-batch SGD",
                   check=check, stub=lambda: load("sgd_stub.py"),
                   solution=lambda: load("sgd_solution.py"),
+                  shown=lambda: (FILES / "sgd_solution.py").read_text(),
                   stub_reason="raised NotImplementedError"))

@@ -36,6 +36,11 @@ def solution(run):
     return observed_in(run)
 
 
+def shown():
+    """The answer depends on the learner's own run: where each field shows in it."""
+    return "\n".join(f"{name!r}: {where}" for name, where in FIELDS.items())
+
+
 def check(observed, run):
     if not isinstance(observed, dict):
         return Verdict(False, "observed should be the dict of the cell above")
@@ -71,4 +76,4 @@ def context():
 
 register(Exercise("welcome", "00_welcome", "record what each process of the first run did",
                   check=check, stub=stub, solution=solution, stub_reason="fill in what you saw",
-                  context=context))
+                  context=context, shown=shown))
