@@ -375,3 +375,64 @@ def test_an_elastic_job_is_judged_by_its_resume_and_its_epochs():
         "elastic_reforms"].holds is False, "an epoch missing"
     assert findings.elastic(nodes_result(rounds[:2], killed={1: 10.0}, ok=False), job, 3)[
         "elastic_reforms"].holds is False
+
+
+@pytest.mark.parametrize("large_acc,large_loss,holds,words", [
+    (0.90, 3.0, True, "of an under-trained model"),
+    (0.90, 1.0, True, "not under-training"),
+    (0.985, 3.0, False, "No accuracy gap"),
+])
+def test_the_fixed_epoch_gap_says_what_the_training_loss_shows(large_acc, large_loss, holds,
+                                                               words):
+    reference = run([0.5, 0.99], global_batch=32, train_losses=[1.0, 1.0])
+    large = run([0.5, large_acc], global_batch=512, train_losses=[1.0, large_loss])
+    found = findings.fixed_epoch_gap(reference, large)
+    assert found.holds is holds and words in found.text, found.text
+
+
+def test_time_to_accuracy_holds_only_when_the_fastest_is_not_the_busiest():
+    small = run([0.97, 0.99], epoch_s=1.0, global_batch=32, samples_per_s=1000)
+    large = run([0.90, 0.97], epoch_s=0.3, global_batch=512, samples_per_s=5000)
+    found, times, target = findings.time_to_accuracy([small, large])
+    assert target == 0.96 and times == {32: 1.0, 512: 0.6}
+    assert not found["time_to_accuracy"].holds, "the busiest batch was also the fastest"
+    stuck = run([0.90, 0.92], epoch_s=0.3, global_batch=512, samples_per_s=5000)
+    found, _, _ = findings.time_to_accuracy([small, stuck])
+    assert found["time_to_accuracy"].holds
+    assert "batch 512 never got there" in found["time_to_accuracy"].text
+
+
+@pytest.mark.parametrize("largest_rate,holds", [(4000.0, True), (800.0, False)])
+def test_throughput_holds_only_when_the_largest_batch_trains_faster(largest_rate, holds):
+    same_lr = [run([0.5, 0.99], global_batch=32, samples_per_s=1000),
+               run([0.5, 0.98], global_batch=512, samples_per_s=largest_rate)]
+    found = findings.batch_size_sweep(same_lr, None, 32)
+    assert found["throughput"].holds is holds
+
+
+def toy_run(label, final_loss, rises):
+    from types import SimpleNamespace
+
+    import numpy as np
+    return SimpleNamespace(label=label, final_loss=final_loss, lr=0.05,
+                           epochs=np.array([0.0, 10.0]), noisiness=lambda: rises)
+
+
+@pytest.mark.parametrize("single_loss,holds", [(0.25, True), (3.5, False)])
+def test_the_toy_holds_only_when_one_sample_beats_the_full_batch(single_loss, holds):
+    from types import SimpleNamespace
+    problem = SimpleNamespace(best_params=lambda: (1.0, 2.0), loss=lambda w, b: 0.242)
+    runs = [toy_run("full batch (64)", 3.359, 0.0), toy_run("batch 8", 0.409, 0.1),
+            toy_run("single sample", single_loss, 0.47)]
+    found = findings.toy(runs, problem)
+    assert found["toy"].holds is holds
+    assert "best possible 0.242" in found["toy"].text and "47% of single sample" in \
+        found["toy"].text
+
+
+@pytest.mark.parametrize("logged,holds", [(0.9944, True), (0.9889, False)])
+def test_shard_metrics_hold_only_when_the_logged_accuracy_is_the_all_reduced_one(logged,
+                                                                                 holds):
+    per_rank = [{"accuracy": 1.0}, {"accuracy": 0.9889}]
+    found = findings.shard_metrics(per_rank, 0.9944, logged)
+    assert found["shards"].holds is holds and "from 0.9889 to 1.0000" in found["shards"].text
