@@ -99,3 +99,42 @@ def test_command_line_error_is_one_line_from_a_real_process(tmp_path):
                                  "--out", str(tmp_path)])
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --batch-size must be a positive integer, got 0"
+
+
+ENTRY_POINTS = ["workshop_lib.__main__", "workshop_lib.train", "workshop_lib.train_ddp",
+                "workshop_lib.bench.__main__", "workshop_lib.trace.__main__",
+                "workshop_lib.equivalence", "workshop_lib.dataparallel", "workshop_lib.launch",
+                "workshop_lib.doctor", "workshop_lib.data", "workshop_lib.gpu_check",
+                "workshop_lib.labs.__main__", "workshop_lib.sweep", "workshop_lib.shards",
+                "workshop_lib.naive_ddp", "workshop_lib.inside_ddp.verify",
+                "workshop_lib.inside_ddp.experiments", "workshop_lib.inside_ddp.timing"]
+
+
+def test_every_entry_point_is_listed():
+    from conftest import REPO
+    found = set()
+    for path in (REPO / "workshop_lib").rglob("*.py"):
+        if "files" in path.parts:  # the exercises' scripts, the learner's to change
+            continue
+        if 'if __name__ == "__main__"' in path.read_text():
+            module = path.relative_to(REPO).with_suffix("").as_posix().replace("/", ".")
+            found.add(module)
+    # doctor's main is reached as `python -m workshop_lib doctor`
+    assert found == set(ENTRY_POINTS) - {"workshop_lib.doctor"}
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_entry_point_answers_a_bad_flag_with_one_line(module, capsys, monkeypatch):
+    """``python -m MODULE --no-such-flag``, in and out of torchrun: one line, exit code 2."""
+    import importlib
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    main = importlib.import_module(module).main
+    try:
+        code = main(["--no-such-flag"])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith(("error: ", "usage: ")), err

@@ -23,6 +23,7 @@ fitted latency and bandwidth price (``allreduce.predicted_s``).
 """
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,7 +33,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
-from workshop_lib import data, distributed, hardware, models, naive_ddp, train_ddp
+from workshop_lib import cli, data, distributed, hardware, models, naive_ddp, train_ddp
+from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 from workshop_lib.inside_ddp.buckets import BucketedDataParallel
 from workshop_lib.inside_ddp.overlap import OverlappedDataParallel
 
@@ -114,11 +116,24 @@ def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits
                                "n": len(v)} for name, v in ms.items()}}
 
 
-def main():
+@exit_cleanly_on_course_error
+def main(argv=None):
+    parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.inside_ddp.timing",
+                                description="Step time of naive, overlapped, bucketed and "
+                                            "PyTorch's DDP, and the bucket-size sweep, as JSON "
+                                            "on rank 0's standard output.")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds (the median's n)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per window")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.steps < 1:
+        parser.error("--rounds and --steps need 1 or more")
+    if "RANK" not in os.environ:
+        raise CourseError("timing runs under torchrun: torchrun --standalone "
+                          "--nproc-per-node=2 -m workshop_lib.inside_ddp.timing")
     torch.set_num_threads(1)  # one thread per rank: ranks never fight over a core
     with distributed.process_group("gloo"):
         rank = dist.get_rank()
-        result = measure(rank, dist.get_world_size())
+        result = measure(rank, dist.get_world_size(), rounds=args.rounds, steps=args.steps)
     if rank == 0:
         json.dump(result, sys.stdout, indent=1)
         print()
