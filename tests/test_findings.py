@@ -175,6 +175,9 @@ def test_dataparallel_and_step_time_verdicts():
     assert found["step_time"].holds and "8.0x it" in found["step_time"].text
     median["accounted"]["median"] = 0.6
     assert not findings.step_time(summary)["step_time"].holds
+    assert "floor" not in findings.step_time(summary)["step_time"].text
+    summary["floor"] = {"floor_ms": 2.0}  # the trace's own fit
+    assert "exposed is 2.0x it" in findings.step_time(summary)["step_time"].text
 
 
 # -- Notebook 07 ---------------------------------------------------------------------------

@@ -50,3 +50,5 @@ def test_accumulation_the_exercise_and_the_trace(executed):
     found = findings.step_time(trace)
     assert found["step_time"].holds, found["step_time"].text  # compute + exposed ~ the step
     assert found["step_time"].text in text
+    if P.nproc > 1:  # the trace fitted the all-reduce floor on its own ranks
+        assert trace["floor"]["floor_ms"] > 0 and "The all-reduce floor for" in text

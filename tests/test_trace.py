@@ -235,4 +235,10 @@ def test_two_cpu_ranks_write_traces_and_a_consistent_summary(tmp_path):
         # Python between operators, and the machine's other work).
         assert 0.8 <= rank["median"]["accounted"]["median"] <= 1.2, rank["median"]
     assert "compute + exposed communication over the measured step" in result.stdout
+    # The floor: all-reduces timed on the same ranks up to the gradients' size, fitted.
+    floor = summary["floor"]
+    gradient_bytes = summary["setup"]["gradient_bytes"]
+    assert floor["sweep"][-1]["bytes"] == floor["gradient_bytes"] >= gradient_bytes
+    assert len(floor["sweep"]) >= 3 and floor["fit"]["bus_bandwidth_gb_s"] > 0
+    assert floor["floor_ms"] > 0 and "the all-reduce floor for" in result.stdout
 

@@ -557,7 +557,10 @@ ACCOUNTED = 0.2  # compute + exposed communication within this share of the meas
 
 def step_time(summary, floor_ms=None):
     """``python -m workshop_lib.trace``'s summary: where rank 0's median step went; against
-    the all-reduce floor for the model's gradients where it is given."""
+    the all-reduce floor for the model's gradients: ``floor_ms``, or the one the trace
+    fitted on its own ranks (none with one rank)."""
+    if floor_ms is None and summary.get("floor"):
+        floor_ms = summary["floor"]["floor_ms"]
     rank0 = summary["ranks"][0]["median"]
     accounted = rank0["accounted"]["median"]
     holds = abs(accounted - 1) <= ACCOUNTED
@@ -569,7 +572,10 @@ def step_time(summary, floor_ms=None):
     if floor_ms is not None:
         said += (f" The all-reduce floor for {summary['setup']['gradient_bytes'] / 2**20:.2f} "
                  f"MB of gradients here: {floor_ms:.2f} ms; exposed is "
-                 f"{rank0['exposed_ms'] / floor_ms:.1f}x it.")
+                 f"{rank0['exposed_ms'] / floor_ms:.1f}x it"
+                 + ("; the excess over the floor is the all-reduce waiting (for the other rank, or "
+                    "for a core), not bytes moving."
+                    if rank0["exposed_ms"] > 1.5 * floor_ms else "."))
     return Findings([Finding("step_time", said, holds=holds)])
 
 

@@ -89,6 +89,23 @@ def rank_record(args, device, rank, world_size):
             "steps": steps, "facts": facts}
 
 
+def allreduce_floor(device, world_size, gradient_bytes):
+    """The all-reduce floor for these gradients, on this job's own ranks: all-reduces timed
+    from 1 KB up to the gradients' size, fitted as latency + bytes over a bandwidth
+    (``inside_ddp.allreduce``, the bench's fit), priced at the gradients' size: what one
+    bucket of them costs with nothing beside it. None with one rank (nothing to reduce)."""
+    from workshop_lib.inside_ddp import allreduce
+
+    if world_size < 2:
+        return None
+    gradient_bytes = -(-gradient_bytes // 4) * 4  # whole float32 values
+    sizes = (*(s for s in allreduce.SIZES if s < gradient_bytes), gradient_bytes)
+    rows = allreduce.sweep(device, sizes=sizes, reps=20)
+    fitted = allreduce.fit(rows, world_size)
+    return {"fit": fitted, "gradient_bytes": gradient_bytes, "sweep": rows,
+            "floor_ms": allreduce.predicted_s(fitted, world_size, [gradient_bytes]) * 1e3}
+
+
 def summarise(records, args, device, world_size, threads):
     """The summary: set-up, and per rank its steps (start times from a common origin, the
     first step of any rank: the ranks of one machine share its clock) and medians."""
@@ -149,6 +166,11 @@ def format_summary(summary, out):
         f"{summary['accounted']['median']:.2f} [{summary['accounted']['min']:.2f}.."
         f"{summary['accounted']['max']:.2f}] over n={summary['accounted']['n']} steps",
         f"the same step unprofiled (median): {unprofiled}",
+        *([f"the all-reduce floor for {summary['floor']['gradient_bytes'] / 2**20:.2f} MB of "
+           f"gradients, fitted on these ranks: {summary['floor']['floor_ms']:.2f} ms (latency "
+           f"{summary['floor']['fit']['latency_s'] * 1e3:.3f} ms, bus bandwidth "
+           f"{summary['floor']['fit']['bus_bandwidth_gb_s']:.2f} GB/s)"]
+          if summary.get("floor") else []),
         "traces (open in https://ui.perfetto.dev or chrome://tracing): " + ", ".join(
             str(out / r["trace"]) for r in summary["ranks"]),
     ])
@@ -168,8 +190,10 @@ def main(argv=None):
         record = rank_record(args, device, rank, world_size)
         records = [None] * world_size
         dist.all_gather_object(records, record)
+        floor = allreduce_floor(device, world_size, record["facts"]["gradient_bytes"])
     if rank == 0:
         summary = summarise(records, args, device, world_size, threads)
+        summary["floor"] = floor
         runlog.save_json(args.out / SUMMARY_NAME, summary)
         print(format_summary(summary, args.out))
         print(f"wrote {args.out / SUMMARY_NAME}", flush=True)
