@@ -172,6 +172,24 @@ def test_every_trial_and_precision_row_is_measured(quick_bench):
 
 
 @pytest.mark.slow
+def test_notebook_07s_wrappers_are_timed_in_the_benchs_ranks(quick_bench):
+    report, stdout = quick_bench
+    inside = report["inside_ddp"]
+    assert inside["world_size"] == report["setup"]["world_size"]
+    assert [r["variant"] for r in inside["wrappers"]] == list(analyse.WRAPPERS)
+    for row in inside["wrappers"]:
+        stats_are_sane(row["step_ms"])
+        assert row["step_ms"]["n"] == report["setup"]["rounds"]
+    sweep = inside["bucket_sweep"]
+    assert [r["bucket_bytes"] for r in sweep] == sorted(r["bucket_bytes"] for r in sweep)
+    # Smaller buckets mean more all-reduces, each with its latency in the price.
+    assert [r["all_reduces"] for r in sweep] == sorted((r["all_reduces"] for r in sweep),
+                                                       reverse=True)
+    assert all(r["predicted_ms"] > 0 for r in sweep)
+    assert "6. Inside DDP" in stdout
+
+
+@pytest.mark.slow
 def test_table_shows_the_json_figures(quick_bench):
     report, stdout = quick_bench
     lines = stdout.splitlines()

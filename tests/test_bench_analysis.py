@@ -84,7 +84,23 @@ def fake_raw(bench_plan, on_cpu=1.0):
             "timings": {name: epoch_timings(s) for name, (s, _, _) in PRECISION.items()},
             "saved_bytes": {name: b for name, (_, b, _) in PRECISION.items()},
             "peak_bytes": {name: p for name, (_, _, p) in PRECISION.items()}}},
+        **({"inside_ddp": fake_inside_ddp(bench_plan.world_size)}
+           if bench_plan.world_size > 1 else {}),
     }
+
+
+INSIDE_MS = {"local": 10.0, "naive": 14.0, "overlap": 12.5, "buckets": 11.0, "ddp": 11.2,
+             "buckets_4096": 13.0, "buckets_1048576": 11.0}
+INSIDE_MESSAGES = {"buckets_4096": [4096] * 20 + [40], "buckets_1048576": [380000, 40]}
+
+
+def fake_inside_ddp(world_size):
+    """What ``inside_ddp.timing.measure`` returns."""
+    return {"world_size": world_size, "batch_size": 32, "dataset": "digits",
+            "gradient_bytes": 380000, "rounds": len(LOAD), "steps_per_window": 5,
+            "messages": INSIDE_MESSAGES,
+            "step_ms": {name: {"median": ms, "min": ms * 0.9, "max": ms * 1.2, "n": len(LOAD)}
+                        for name, ms in INSIDE_MS.items()}}
 
 
 def constant(stats, value, windows_per_round=1):
@@ -320,3 +336,31 @@ def test_one_process_has_no_communication_section_rows():
                                         "allreduce_model": {}, "exposed": [], "trials": []}
     assert {r["world_size"] for r in figures["scaling"]} == {1}
     assert "exposed communication" not in report.format_report(figures)
+
+
+def test_inside_ddp_wrappers_against_local_and_the_sweep_priced_by_the_fit():
+    bench_plan = make_plan()
+    figures = full_report(bench_plan)
+    inside = figures["inside_ddp"]
+    assert [r["variant"] for r in inside["wrappers"]] == list(analyse.WRAPPERS)
+    naive = next(r for r in inside["wrappers"] if r["variant"] == "naive")
+    assert naive["over_local_ms"] == pytest.approx(4.0)
+    fit = figures["communication"]["allreduce_model"]["2"]
+    assert fit["latency_s"] == pytest.approx(LATENCY_S, rel=1e-3)  # the fake link's
+    small, large = inside["bucket_sweep"]
+    assert (small["bucket_bytes"], small["all_reduces"], large["all_reduces"]) == (4096, 21, 2)
+    for row in (small, large):
+        messages = INSIDE_MESSAGES[f"buckets_{row['bucket_bytes']}"]
+        expected = sum(LATENCY_S + 2 * (2 - 1) / 2 * b / LINK_BYTES_PER_S for b in messages)
+        assert row["predicted_ms"] == pytest.approx(1e3 * expected, rel=1e-3)
+    assert small["predicted_ms"] > large["predicted_ms"], "21 latencies against 2"
+    table = report.format_report(figures)
+    assert "6. Inside DDP (notebook 07's wrappers" in table
+    assert any("naive" in line and "+4.00" in line for line in table.splitlines())
+    assert f"{small['predicted_ms']:.2f}" in table
+
+
+def test_one_process_has_no_inside_ddp_section():
+    figures = full_report(make_plan(world_size=1))
+    assert figures["inside_ddp"] is None
+    assert "Inside DDP" not in report.format_report(figures)

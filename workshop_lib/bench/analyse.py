@@ -103,7 +103,34 @@ def analyse(raw, plan):
         "data_path": data_path_section(raw["data_path"], plan.configs[0]),
         "precision": [row for c in plan.configs if c.name in raw.get("precision", {})
                       for row in precision_rows(raw["precision"][c.name], c)],
+        "inside_ddp": inside_ddp_section(raw["inside_ddp"], fits[n])
+        if "inside_ddp" in raw else None,
     }
+
+
+WRAPPERS = ("local", "naive", "overlap", "buckets", "ddp")  # notebook 07's order
+
+
+def inside_ddp_section(timing, fit):
+    """Notebook 07's wrappers: each one's step time and what it adds to the local step; the
+    bucket sweep's step times beside the fitted all-reduce model's price for its messages
+    (one latency per all-reduce, plus the bandwidth term of all the bytes)."""
+    step_ms, world_size = timing["step_ms"], timing["world_size"]
+    local = step_ms["local"]["median"]
+    wrappers = [{"variant": name, "step_ms": step_ms[name],
+                 "over_local_ms": step_ms[name]["median"] - local} for name in WRAPPERS]
+    sweep = []
+    for name in sorted((k for k in step_ms if k.startswith("buckets_")),
+                       key=lambda k: int(k.split("_")[1])):
+        messages = timing["messages"][name]
+        sweep.append({"bucket_bytes": int(name.split("_")[1]), "all_reduces": len(messages),
+                      "step_ms": step_ms[name],
+                      "over_local_ms": step_ms[name]["median"] - local,
+                      "predicted_ms": 1e3 * sum(allreduce_model_s(fit, world_size, b)["total_s"]
+                                                for b in messages)})
+    return {"world_size": world_size, "batch_size": timing["batch_size"],
+            "dataset": timing["dataset"], "gradient_bytes": timing["gradient_bytes"],
+            "wrappers": wrappers, "bucket_sweep": sweep}
 
 
 def allreduce_rows(sweeps):

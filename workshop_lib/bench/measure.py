@@ -92,7 +92,19 @@ def collective(rank, plan, device, train_set, info):
     started = time.perf_counter()
     results = {"allreduce": allreduce_sweep(world), **scaling(world)}
     world.log(f"scaling done ({time.perf_counter() - started:.0f} s)")
+    if plan.world_size > 1 and plan.inside_ddp_steps:
+        results["inside_ddp"] = inside_ddp(world)
+        world.log(f"inside DDP done ({time.perf_counter() - started:.0f} s)")
     return results
+
+
+def inside_ddp(world):
+    """Notebook 07's wrappers (none, naive, overlapped, bucketed, PyTorch's DDP, and the
+    bucket-size sweep) timed on all ranks by ``inside_ddp.timing``, with the bench's rounds."""
+    from workshop_lib.inside_ddp import timing
+
+    return timing.measure(world.rank, world.plan.world_size, rounds=world.plan.rounds,
+                          steps=world.plan.inside_ddp_steps, device=world.device)
 
 
 # -- All-reduce bus bandwidth ------------------------------------------------------------

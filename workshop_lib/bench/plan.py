@@ -106,6 +106,7 @@ class Plan:
     timeout_s: float
     trials: tuple = ()       # Trial s timed at the course's step, N processes
     precision_configs: tuple = ()  # names of the configs timed in fp32/bf16/fp16/checkpointed
+    inside_ddp_steps: int = 20     # steps per window of notebook 07's wrappers (0: not timed)
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,7 @@ def make_plan(args, device):
         allreduce_sizes=allreduce_sizes(largest_gradient, args.quick),
         allreduce_budget_s=0.05 if args.quick else 0.5,
         allreduce_min_reps=3 if args.quick else 5,
+        inside_ddp_steps=5 if args.quick else 20,
         loader_workers=args.loader_workers if args.loader_workers is not None
         else min(4, hardware.cpu_cores()),
         timeout_s=args.timeout,

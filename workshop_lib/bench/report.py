@@ -16,7 +16,7 @@ def format_bytes(nbytes):
 
 def format_report(report):
     sections = (header, scaling_section, loop_overhead_section, communication_section,
-                data_path_section, precision_section)
+                data_path_section, precision_section, inside_ddp_section)
     return "\n\n".join("\n".join(section(report)) for section in sections
                        if section(report))
 
@@ -242,3 +242,28 @@ def precision_section(report):
                      "float16 is emulated and slow here; it is there to compare with a GPU, "
                      "where Tensor Cores run it")
     return lines
+
+
+def inside_ddp_section(report):
+    inside = report.get("inside_ddp")
+    if not inside:
+        return []
+    wrappers = [{"variant": r["variant"], "step": format_stats(r["step_ms"], ".2f"),
+                 "over": f"{r['over_local_ms']:+.2f}"} for r in inside["wrappers"]]
+    sweep = [{"bucket": format_bytes(r["bucket_bytes"]), "all_reduces": r["all_reduces"],
+              "step": format_stats(r["step_ms"], ".2f"), "over": f"{r['over_local_ms']:+.2f}",
+              "predicted": f"{r['predicted_ms']:.2f}"} for r in inside["bucket_sweep"]]
+    return [
+        f"6. Inside DDP (notebook 07's wrappers; the course CNN on {inside['dataset']}, batch "
+        f"{inside['batch_size']} per rank, {inside['world_size']} ranks, "
+        f"{inside['gradient_bytes'] / MB:.2f} MB of gradients; ms per step; over local: what "
+        f"averaging the gradients adds to a step without it)",
+        runlog.format_table(wrappers, {"variant": ("wrapper", ""), "step": ("step ms", ""),
+                                       "over": ("over local ms", "")}),
+        "   bucket sweep (the bucketed wrapper at each bucket size; predicted: the fitted "
+        "all-reduce model's price for its all-reduces, one after another, none overlapped)",
+        runlog.format_table(sweep, {"bucket": ("bucket", ""),
+                                    "all_reduces": ("all-reduces", "d"),
+                                    "step": ("step ms", ""), "over": ("over local ms", ""),
+                                    "predicted": ("predicted ms", "")}),
+    ]
