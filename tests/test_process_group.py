@@ -88,7 +88,7 @@ import sys, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 if sys.argv[1] == "guarded":
-    from workshop_lib import distributed  # registers distributed.wait_for_gloo_workers
+    import workshop_lib  # registers gloo_exit.wait_for_gloo_workers
 import threading
 class Slow(torch.Tensor):
     def __del__(self):
@@ -112,9 +112,9 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("mode", ["unguarded", "guarded"])
 def test_a_tensor_dropped_by_gloo_during_shutdown_aborts_unless_the_exit_guard_waits(
         mode, monkeypatch):
-    """PyTorch issue 190489, reproduced: without ``distributed.wait_for_gloo_workers`` the
+    """PyTorch issue 190489, reproduced: without ``gloo_exit.wait_for_gloo_workers`` the
     process aborts (SIGABRT, "terminate called without an active exception") after its
-    work is done; with it (imported with ``workshop_lib.distributed``), it exits cleanly."""
+    work is done; with it (registered by ``import workshop_lib``), it exits cleanly."""
     import signal
     import subprocess
     import sys

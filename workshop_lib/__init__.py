@@ -24,6 +24,7 @@ The machine, and processes
 - ``hardware``       the machine description every hardware choice reads
 - ``profile``        the workshop profile: where runs go, and their sizes
 - ``distributed``    joining and leaving process groups; job ids; free ports
+- ``gloo_exit``      waits for gloo's threads before Python exits (registered on import)
 - ``launch``         a torchrun launcher with rank-tagged output and a failure summary
 - ``nodes``          several torchrun agents as the nodes of one job (notebook 06)
 - ``sweep``          many runs in one command: one device, one per GPU, or one launch
@@ -55,3 +56,8 @@ import os
 # why it lives here, in the package's first import, and why it never overrides a choice
 # the user already made in the environment.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# A process that used DDP over gloo can abort while Python shuts down (PyTorch issue
+# 190489; see gloo_exit). Registered here, in the package's first import, so that every
+# script that imports anything of the course is covered, a learner's included.
+from workshop_lib import gloo_exit  # noqa: E402, F401

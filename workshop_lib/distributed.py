@@ -15,10 +15,8 @@ the job sits until the collective timeout, and a healthy rank is blamed. So:
 ``train_ddp.py`` spells this out, for the lesson; the other entry points (the bench, the
 trace, the BatchNorm comparison, the from-scratch wrapper's check) use ``process_group``.
 """
-import atexit
 import os
 import socket
-import time
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -44,46 +42,6 @@ def process_group(backend, timeout_s=300, device=None, **init_kwargs):
         abort()
         raise
     dist.destroy_process_group()
-
-
-GLOO_WORKER = "pt_gloo_runloop"  # the name of the threads that run a gloo group's work
-
-
-def _gloo_workers():
-    """{thread id: (state, CPU ticks)} of this process's gloo worker threads."""
-    found = {}
-    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
-        try:
-            if open(f"/proc/self/task/{tid}/comm").read().strip() != GLOO_WORKER:
-                continue
-            fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        found[tid] = (fields[0], int(fields[11]) + int(fields[12]))  # state, utime + stime
-    return found
-
-
-@atexit.register
-def wait_for_gloo_workers(idle_polls=3, poll_s=0.01, limit_s=2.0):
-    """Before Python shuts down, let gloo's worker threads finish what they are doing.
-
-    Once DDP has used a gloo group, its worker threads outlive ``destroy_process_group``
-    (measured with torch 2.14), and the last of them may still be dropping a finished
-    collective's tensors when the main thread exits. Dropping a tensor that Python created
-    takes the interpreter lock; during Python's shutdown that aborts the process (SIGABRT,
-    "terminate called without an active exception": PyTorch issue 190489), and the job
-    fails after its work was done. Python runs this before its shutdown: it sleeps, which
-    lets a worker take the lock and finish, until every worker has been asleep, using no
-    CPU, for ``idle_polls`` polls in a row (at most ``limit_s`` seconds).
-    """
-    deadline, quiet, last = time.monotonic() + limit_s, 0, None
-    while quiet < idle_polls and time.monotonic() < deadline:
-        workers = _gloo_workers()
-        if not workers:
-            return
-        idle = all(state == "S" for state, _ in workers.values()) and workers == last
-        quiet, last = (quiet + 1 if idle else 0), workers
-        time.sleep(poll_s)
 
 
 def free_port(host="127.0.0.1"):
