@@ -115,6 +115,7 @@ def test_the_learners_header_goes_on_the_course_scripts_commands():
 
 
 DDP_UNDER_DETAIL = """
+import workshop_lib  # the exit guard (gloo_exit), as the course's scripts have it
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
