@@ -44,3 +44,17 @@ def test_every_launch_names_its_device(name):
         for line in source.splitlines():
             if LAUNCH.search(line) and "naive_ddp" not in line:
                 assert "--device" in line, f"{name}: {line.strip()}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_one_heading_style(name):
+    """The title is "# NN · Title" with the notebook's number; numbered sections are
+    "## N · Section" (unnumbered ones, like the closing summary, are plain "## Title")."""
+    notebook = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    headings = [line for cell in notebook.cells if cell.cell_type == "markdown"
+                for line in cell.source.splitlines() if line.startswith("#")]
+    assert re.match(rf"^# {name[:2]} · \S", headings[0]), headings[0]
+    for heading in headings[1:]:
+        assert not heading.startswith("# "), f"one title per notebook: {heading}"
+        assert not re.match(r"^##+ (Part )?\d+[.:]", heading), \
+            f"numbered as '## N · Section': {heading}"
