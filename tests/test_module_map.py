@@ -13,13 +13,3 @@ def test_the_module_map_lists_every_module():
     present |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert listed == present, (f"missing from the map: {sorted(present - listed)}; "
                                f"listed but gone: {sorted(listed - present)}")
-
-
-def test_metrics_does_not_import_a_training_script():
-    import subprocess
-    import sys
-
-    probe = ("import sys, workshop_lib.metrics; "
-             "print(sorted(m for m in sys.modules if m.startswith('workshop_lib.train')))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
-    assert out.strip() == "[]"

@@ -120,7 +120,9 @@ def test_the_launcher_starts_nodes_when_asked_for_several(monkeypatch):
     calls = []
     monkeypatch.setattr(nodes, "run", lambda *a, **k: calls.append((a, k)) or
                         launch.LaunchResult(0, 1, None))
-    assert launch.main(["--nnodes=1:2", "--max-restarts=1", *TARGET]) == 0
+    from workshop_lib.launch.__main__ import main
+
+    assert main(["--nnodes=1:2", "--max-restarts=1", *TARGET]) == 0
     (args, kwargs), = calls
     assert args[:4] == (TARGET, "1:2", "auto", 1)
 

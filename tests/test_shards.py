@@ -19,7 +19,7 @@ def index_shards(tmp_path_factory):
     info = data.DatasetInfo("index", 1, 1, 10, N, "indices")
     samples = [(torch.full((1, 1, 1), float(i)), i % 10) for i in range(N)]
     shards.write_index(folder, info, samples[:400], samples[400:], num_shards=5)
-    return shards.open_dataset(folder)
+    return shards.open_splits(folder)
 
 
 def drawn(split, rank, world_size, epoch, equal_steps=True):
@@ -30,7 +30,7 @@ def drawn(split, rank, world_size, epoch, equal_steps=True):
 
 
 def test_each_epoch_the_ranks_read_disjoint_shards_that_cover_them_all(index_shards):
-    train, _, _ = index_shards
+    train, _ = index_shards
     plans = []
     for epoch in range(3):
         schedule = shards.ShardSchedule(train, 0, 2, seed=0)
@@ -42,7 +42,7 @@ def test_each_epoch_the_ranks_read_disjoint_shards_that_cover_them_all(index_sha
 
 
 def test_the_ranks_draw_disjoint_samples_in_equal_steps_reshuffled_each_epoch(index_shards):
-    train, _, _ = index_shards
+    train, _ = index_shards
     epochs = []
     for epoch in range(2):
         (rank0, steps0), (rank1, steps1) = (drawn(train, r, 2, epoch) for r in range(2))
@@ -55,7 +55,7 @@ def test_the_ranks_draw_disjoint_samples_in_equal_steps_reshuffled_each_epoch(in
 
 
 def test_uneven_shards_without_equal_steps_give_ranks_different_step_counts(index_shards):
-    train, _, _ = index_shards
+    train, _ = index_shards
     # 5 shards over 2 ranks: one rank holds 3 of them. Unequal steps are what would make
     # the rank with more batches wait in an all-reduce for the other: the hang.
     uneven = {r: drawn(train, r, 2, 0, equal_steps=False)[1] for r in range(2)}
@@ -66,7 +66,7 @@ def test_uneven_shards_without_equal_steps_give_ranks_different_step_counts(inde
 
 
 def test_validation_reads_every_sample_once_over_the_ranks(index_shards):
-    _, val, _ = index_shards
+    _, val = index_shards
     args = SimpleNamespace(seed=0, batch_size=BATCH)
     seen = []
     for rank in range(2):
@@ -93,7 +93,7 @@ def test_tfrecord_files_written_without_tensorflow_read_back_the_same_samples(tm
                                  str(tmp_path / "shards"), "--num-shards", "2",
                                  "--from-tfrecord", str(path), str(path), "--shape", "1,8,8"])
     assert result.returncode == 0, result.stderr
-    train, _, info = shards.open_dataset(tmp_path / "shards")
+    train, _, info = data.load(data_dir=tmp_path / "shards", data_format="shards")
     assert len(train) == 50 and (info.in_channels, info.image_size) == (1, 8)
 
 

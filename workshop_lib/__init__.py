@@ -36,6 +36,7 @@ Measurements
 - ``equivalence``    ranks against one process (BatchNorm), micro-batches against one batch
 - ``dataparallel``   ``nn.DataParallel`` against DDP on the same GPUs
 - ``naive_ddp``      data parallelism from two collectives, checked against DDP
+- ``uneven_inputs``  ranks with unequal batches: the hang, equal steps and ``Join`` (notebook 06)
 - ``inside_ddp``     overlap, buckets and ZeRO-1, built and checked (notebook 07)
 
 What the notebooks call

@@ -8,14 +8,7 @@ import os
 from pathlib import Path
 
 from workshop_lib import data, faults, hardware, optim, precision, scaling
-from workshop_lib.errors import CourseError
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag prints one line (no usage block) and exits with code 2."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+from workshop_lib.errors import ArgumentParser, CourseError  # noqa: F401 (cli.ArgumentParser)
 
 
 def folder(text):

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Sampler, TensorDataset
 
-from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+from workshop_lib import shards
+from workshop_lib.errors import ArgumentParser, CourseError, exit_cleanly_on_course_error
 
 DEFAULT_DATA_DIR = Path(
     os.environ.get("WORKSHOP_DATA_DIR", Path(__file__).resolve().parent.parent / "data")
@@ -100,15 +101,22 @@ def load(name="auto", data_dir=DEFAULT_DATA_DIR, data_format="memory"):
     """Return ``(train_set, val_set, info)`` for a dataset name (or ``auto``); with
     ``data_format="shards"``, the record shards in ``data_dir`` (``shards.Split`` s)."""
     if data_format == "shards":
-        from workshop_lib import shards
-
-        return shards.open_dataset(data_dir)
+        return _open_shards(data_dir)
     name = resolve_name(name, data_dir)
     if name == "fashion-mnist":
         train_set, val_set = _load_fashion_mnist(Path(data_dir))
     else:
         train_set, val_set = _load_digits()
     return train_set, val_set, DATASETS[name]
+
+
+def _open_shards(folder):
+    """The record shards in ``folder`` (``shards.Split`` s), described from their index."""
+    index = shards.read_index(folder)
+    info = DatasetInfo(index["dataset"], index["in_channels"], index["image_size"],
+                       index["num_classes"], sum(index["train"]),
+                       f"{index['dataset']} as {len(index['train'])} record shards")
+    return (*shards.open_splits(folder), info)
 
 
 def _standardise(train_x, val_x):
@@ -252,8 +260,6 @@ def download(name, data_dir=DEFAULT_DATA_DIR):
 
 
 def write_shards(args):
-    from workshop_lib import shards
-
     if args.from_tfrecord:
         if not args.shape:
             raise CourseError("--from-tfrecord needs --shape, e.g. --shape 1,8,8")
@@ -263,16 +269,16 @@ def write_shards(args):
             shards.tfrecord_samples(path, shape=shape) for path in args.from_tfrecord),
             num_shards=args.num_shards)
     else:
-        index = shards.write_dataset(args.name, args.out, args.num_shards, args.data_dir)
+        train_set, val_set, info = load(args.name, args.data_dir)
+        index = shards.write_index(args.out, info, zip(*train_set.tensors, strict=True),
+                                   zip(*val_set.tensors, strict=True), args.num_shards)
     print(f"{args.out}: {len(index['train'])} training shards ({sum(index['train']):,} "
           f"samples), {len(index['val'])} validation shards ({sum(index['val']):,})")
 
 
 @exit_cleanly_on_course_error
 def main(argv=None):
-    from workshop_lib import cli
-
-    parser = cli.ArgumentParser(prog="python -m workshop_lib.data", description=__doc__,
+    parser = ArgumentParser(prog="python -m workshop_lib.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the datasets and whether each is available here")

@@ -1,4 +1,5 @@
 """User-facing errors: one line that says what went wrong and what to do about it."""
+import argparse
 import functools
 import json
 import os
@@ -7,6 +8,16 @@ import time
 import traceback
 
 from workshop_lib import files
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag prints one line (no usage block) and exits with code 2.
+
+    Every entry point's parser (``cli.ArgumentParser`` is this class): it lives here, at the
+    bottom of the package, so that any module can build one without an import cycle."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 class CourseError(Exception):

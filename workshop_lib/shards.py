@@ -16,12 +16,12 @@ not samples:
   samples can fill. Ranks that hold more leave their last samples for another epoch (as
   ``DistributedSampler(drop_last=True)`` does). Without that, the rank with more batches
   waits in a gradient all-reduce for ranks that have finished their epoch: a hang
-  (``equal_steps=False`` shows it; DDP's ``Join`` context manager is the other cure).
+  (``equal_steps=False`` shows it; DDP's ``Join`` context manager is the other cure:
+  ``uneven_inputs.py``, notebook 06's demo of both).
 
 ``tfrecord_samples`` reads TFRecord files (written by TensorFlow pipelines) with the
 ``tfrecord`` package, no TensorFlow needed, so a learner's own records feed the same shards.
 """
-import contextlib
 import io
 import json
 import math
@@ -64,15 +64,6 @@ def write(samples, folder, num_shards, split):
     return counts
 
 
-def write_dataset(name, folder, num_shards, data_dir):
-    """Shard a course dataset (both splits) into ``folder``, with its index."""
-    from workshop_lib import data
-
-    train_set, val_set, info = data.load(name, data_dir)
-    return write_index(folder, info, zip(*train_set.tensors, strict=True),
-                       zip(*val_set.tensors, strict=True), num_shards)
-
-
 def write_index(folder, info, train_samples, val_samples, num_shards):
     """Write both splits' shards and the index that describes them."""
     index = {"dataset": info.name, "in_channels": info.in_channels,
@@ -103,15 +94,11 @@ class Split:
         return sum(self.counts)
 
 
-def open_dataset(folder):
-    """``(train Split, val Split, DatasetInfo)`` of the shards in ``folder``."""
-    from workshop_lib import data
-
+def open_splits(folder):
+    """``(train Split, val Split)`` of the shards in ``folder`` (``data.load(..., "shards")``
+    adds the dataset's description from the index)."""
     index = read_index(folder)
-    info = data.DatasetInfo(index["dataset"], index["in_channels"], index["image_size"],
-                            index["num_classes"], sum(index["train"]),
-                            f"{index['dataset']} as {len(index['train'])} record shards")
-    return (*(Split(Path(folder), split, tuple(index[split])) for split in SPLITS), info)
+    return tuple(Split(Path(folder), split, tuple(index[split])) for split in SPLITS)
 
 
 class ShardSchedule:
@@ -215,67 +202,3 @@ def tfrecord_samples(path, image_key="image", label_key="label", shape=None):
     for record in tfrecord_loader(str(path), None, {image_key: "float", label_key: "int"}):
         x = torch.as_tensor(record[image_key], dtype=torch.float32)
         yield (x.view(*shape) if shape else x), int(record[label_key][0])
-
-
-def uneven_epoch(folder, mode, batch_size, device):
-    """One epoch of DDP on the shards in ``folder``: ``equal`` steps (the course's
-    loader), ``uneven`` steps (each rank all its shards hold: the hang) or uneven steps
-    under DDP's ``Join`` (the other cure). Returns this rank's step count."""
-    import torch.distributed as dist
-    from torch.distributed.algorithms.join import Join
-
-    from workshop_lib import models, train, train_ddp
-
-    train_split, _, info = open_dataset(folder)
-    schedule = ShardSchedule(train_split, dist.get_rank(), dist.get_world_size(), seed=0,
-                             equal_steps=mode == "equal")
-    loader = ShardLoader(schedule, batch_size, device)
-    torch.manual_seed(0)
-    model = train_ddp.wrap(models.build("cnn", info).to(device), device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    steps = 0
-    # Join: a rank that runs out of batches shadows the others' all-reduces with zeros
-    # until every rank is done, so no collective waits for a partner that left.
-    with Join([model]) if mode == "join" else contextlib.nullcontext():
-        for x, y in loader:
-            train.train_step(model, optimizer, x, y)
-            steps += 1
-    dist.barrier()  # the job's next collective (evaluation's all-reduce, the next epoch...)
-    return steps
-
-
-def main(argv=None):
-    """``torchrun ... -m workshop_lib.shards --data-dir DIR --mode equal|uneven|join ...``."""
-    import os
-
-    import torch.distributed as dist
-
-    from workshop_lib import cli, distributed, hardware
-    from workshop_lib.errors import exit_cleanly_on_course_error
-
-    @exit_cleanly_on_course_error
-    def run():
-        parser = cli.ArgumentParser(prog="torchrun ... -m workshop_lib.shards",
-                                    description=main.__doc__)
-        parser.add_argument("--data-dir", type=Path, required=True)
-        parser.add_argument("--mode", choices=("equal", "uneven", "join"), action="append",
-                            help="equal (default), uneven or join; given twice or more, the "
-                                 "modes run in turn in the same job")
-        parser.add_argument("--batch-size", type=int, default=32)
-        parser.add_argument("--dist-timeout", type=float, default=60)
-        args = parser.parse_args(argv)
-        if "RANK" not in os.environ:
-            raise CourseError("this demo runs under torchrun: torchrun --standalone "
-                              "--nproc-per-node=2 -m workshop_lib.shards --data-dir DIR")
-        device = torch.device("cpu")
-        hardware.configure_cpu_threads(device)
-        with distributed.process_group("gloo", args.dist_timeout):
-            for mode in args.mode or ["equal"]:
-                steps = uneven_epoch(args.data_dir, mode, args.batch_size, device)
-                print(f"{mode}: {steps} steps on rank {dist.get_rank()}, done", flush=True)
-
-    return run()
-
-
-if __name__ == "__main__":
-    main()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workshop_lib import hardware
-from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+from workshop_lib.errors import CourseError
 
 # torchrun keeps one key-value store for all restarts of a job by default; a restarted
 # rank can then read the address a dead rank published in the previous attempt and fail
@@ -314,37 +314,3 @@ class _Reader:
 
     def join(self):
         self.thread.join(timeout=10)
-
-
-@exit_cleanly_on_course_error
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "-m" not in argv:
-        print("usage: python -m workshop_lib.launch [--nnodes N|MIN:MAX] [--nproc-per-node N] "
-              "[--max-restarts R] [--timeout S] -m MODULE [flags]", file=sys.stderr)
-        return 2
-    split = argv.index("-m")
-    from workshop_lib import cli
-
-    parser = cli.ArgumentParser(prog="python -m workshop_lib.launch")
-    parser.add_argument("--nproc-per-node", default="auto")
-    parser.add_argument("--max-restarts", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=None)
-    parser.add_argument("--master-port", type=int, default=None)
-    parser.add_argument("--nnodes", default=None,
-                        help="N or MIN:MAX: one torchrun agent per node, all on this machine "
-                             "(workshop_lib/nodes.py)")
-    args = parser.parse_args(argv[:split])
-    if args.nnodes is not None:
-        from workshop_lib import nodes
-
-        result = nodes.run(argv[split:], args.nnodes, args.nproc_per_node, args.max_restarts,
-                           args.timeout, port=args.master_port)
-    else:
-        result = run(argv[split:], args.nproc_per_node, args.max_restarts, args.timeout,
-                     master_port=args.master_port)
-    return result.returncode
-
-
-if __name__ == "__main__":
-    sys.exit(main())
