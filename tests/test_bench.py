@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import workshop_lib.bench.__main__ as command
 from conftest import run_course_command
-from workshop_lib import data, distributed, profile, train, train_ddp
+from workshop_lib import allreduce_model, data, distributed, profile, stopwatch, train, train_ddp
 from workshop_lib.bench import analyse, measure, plan, solo
 
 CPU = torch.device("cpu")
@@ -304,7 +304,7 @@ def test_trials_a_machine_cannot_run_are_left_out():
 
 
 def test_an_accumulating_window_takes_whole_groups_of_micro_batches():
-    run = measure.Run(model=None, optimizer=None, batches=None, world_size=2, steps=10)
+    run = measure.TimedModel(model=None, optimizer=None, batches=None, world_size=2, steps=10)
     accumulate = plan.Window(plan.StepConfig("course", "cnn", 32), 2, 32, plan.COURSE,
                              "accumulate_4")
     assert measure.window_steps(accumulate, run) == 8
@@ -343,13 +343,13 @@ def test_the_sweep_reaches_the_largest_gradients():
 
 def test_the_bandwidth_term_of_the_floor():
     # Ring all-reduce: each of N ranks moves 2(N-1)/N of the bytes.
-    assert analyse.allreduce_floor_s(4, 1e9, 1.0) == pytest.approx(1.5)
-    assert analyse.allreduce_floor_s(2, 1e9, 1.0) == pytest.approx(1.0)
+    assert allreduce_model.floor_s(4, 1e9, 1.0) == pytest.approx(1.5)
+    assert allreduce_model.floor_s(2, 1e9, 1.0) == pytest.approx(1.0)
 
 
 def test_per_round_ratios_pair_runs_of_the_same_round():
     assert analyse.per_round([2, 4, 9], [1, 4, 3]) == {"median": 2, "min": 1, "max": 3, "n": 3}
-    assert analyse.summary([3, 1, 2]) == {"median": 2, "min": 1, "max": 3, "n": 3}
+    assert stopwatch.summary([3, 1, 2]) == {"median": 2, "min": 1, "max": 3, "n": 3}
 
 
 def test_several_batch_sizes_give_one_scaling_step_each():

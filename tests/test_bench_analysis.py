@@ -8,6 +8,7 @@ alike. Each figure the analysis reports is checked against what those costs impl
 """
 import pytest
 
+from workshop_lib import allreduce_model
 from workshop_lib.bench import analyse, plan, report
 from workshop_lib.bench.plan import (
     BUFFER_SYNC,
@@ -184,18 +185,18 @@ def test_exposed_communication_split_into_sync_latency_bandwidth_and_the_rest():
 def test_the_allreduce_fit_recovers_latency_and_bandwidth():
     rows = [{"bytes": b, "seconds": {"median": 2e-4 + 1.5 * b / 3e9}}
             for b in (KB * 4**k for k in range(8))]
-    fit = analyse.fit_allreduce(rows, world_size=4)  # 2(N-1)/N = 1.5
+    fit = allreduce_model.fit(rows, world_size=4)  # 2(N-1)/N = 1.5
     assert fit["latency_s"] == pytest.approx(2e-4)
     assert fit["bus_bandwidth_gb_s"] == pytest.approx(3.0)
     assert fit["relative_rms_error"] == pytest.approx(0, abs=1e-9)
     assert fit["sizes"] == 8
-    model = analyse.allreduce_model_s(fit, 4, 3e9)
+    model = allreduce_model.model_s(fit, 4, 3e9)
     assert model == {"latency_s": pytest.approx(2e-4), "bandwidth_s": pytest.approx(1.5),
                      "total_s": pytest.approx(1.5 + 2e-4)}
     # Times that a negative latency would fit best: the fit goes through zero instead.
     for row in rows:
         row["seconds"]["median"] = 1.5 * row["bytes"] / 3e9 - 1e-7
-    fit = analyse.fit_allreduce(rows, world_size=4)
+    fit = allreduce_model.fit(rows, world_size=4)
     assert fit["latency_s"] == 0 and fit["bus_bandwidth_gb_s"] > 0
 
 

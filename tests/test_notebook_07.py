@@ -5,8 +5,9 @@ import nbformat
 import pytest
 
 from conftest import REPO, execute_notebook, notebook_text_outputs
+from workshop_lib import allreduce_model as allreduce
 from workshop_lib import findings, runlog
-from workshop_lib.inside_ddp import allreduce, comm_hooks, fsdp, replay
+from workshop_lib.inside_ddp import comm_hooks, fsdp, replay
 from workshop_lib.labs import inside_ddp as lab
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, papermill

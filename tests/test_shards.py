@@ -70,7 +70,7 @@ def test_validation_reads_every_sample_once_over_the_ranks(index_shards):
     args = SimpleNamespace(seed=0, batch_size=BATCH)
     seen = []
     for rank in range(2):
-        _, _, val_loader = shards.loaders(index_shards[0], val, args, "cpu", rank, 2)
+        _, _, val_loader = shards.loaders(index_shards[0], val, args, "cpu", rank, 2, 512)
         seen += [int(i) for x, _ in val_loader for i in x.flatten()]
     assert sorted(seen) == list(range(400, 500))
 

@@ -30,6 +30,10 @@ The machine, and processes
 - ``sweep``          many runs in one command: one device, one per GPU, or one launch
 - ``doctor``         ``python -m workshop_lib doctor``: what this machine will do
 
+Measuring tools (below every measurement that uses them)
+- ``stopwatch``      timing work honestly (synchronise, clock, work, synchronise); medians
+- ``allreduce_model`` what an all-reduce costs: the timed sweep, its latency + bandwidth fit
+
 Measurements
 - ``bench``          ``python -m workshop_lib.bench``: scaling, overhead, communication
 - ``trace``          ``python -m workshop_lib.trace``: where a DDP step's time goes

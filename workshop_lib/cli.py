@@ -32,7 +32,7 @@ def add_common_args(parser, default_out):
     add("--epochs", type=int, default=10, help="default: %(default)s")
     add("--batch-size", type=int, default=64,
         help="samples per step per process (default: %(default)s)")
-    add("--lr", type=float, default=0.05,
+    add("--lr", type=float, default=optim.LR,
         help="learning rate at the reference batch --lr-ref-batch (default: %(default)s)")
     add("--lr-scaling", default="none", choices=scaling.SCALING_RULES,
         help="how the learning rate follows the global batch (default: %(default)s)")
@@ -48,8 +48,9 @@ def add_common_args(parser, default_out):
     add("--optimizer", default="sgd", choices=optim.OPTIMIZERS,
         help="sgd, or lars (layer-wise trust ratios) for very large batches "
              "(default: %(default)s)")
-    add("--momentum", type=float, default=0.9, help="SGD momentum (default: %(default)s)")
-    add("--weight-decay", type=float, default=5e-4, help="default: %(default)s")
+    add("--momentum", type=float, default=optim.MOMENTUM,
+        help="SGD momentum (default: %(default)s)")
+    add("--weight-decay", type=float, default=optim.WEIGHT_DECAY, help="default: %(default)s")
     add("--seed", type=int, default=0, help="default: %(default)s")
     add("--target-accuracy", type=float, default=None,
         help="stop once validation accuracy reaches this for --patience epochs in a row")

@@ -62,6 +62,9 @@ DATASETS = {
     ),
 }
 DATASET_CHOICES = ("auto", *DATASETS)
+# Evaluation's batch: no activations are kept for backward, so it can be larger than any
+# training batch; it changes no metric, only how many forward calls evaluation takes.
+VAL_BATCH_SIZE = 512
 
 
 def fashion_mnist_raw_dir(data_dir=DEFAULT_DATA_DIR):

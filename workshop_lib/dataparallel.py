@@ -11,13 +11,13 @@ between equals. Here both train the same model at the same global batch for the 
 number of steps, after warm-up: samples per second, and each GPU's peak memory.
 """
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
 from workshop_lib import cli, data, distributed, hardware, models, train_ddp
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
+from workshop_lib.stopwatch import Stopwatch
 
 WARMUP, STEPS = 3, 20
 
@@ -30,17 +30,17 @@ def batches(info, global_batch, device):
 
 
 def timed_steps(model, optimizer, x, y, devices):
-    for step in range(WARMUP + STEPS):
-        if step == WARMUP:
-            for device in devices:
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
+    def step():
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
-    for device in devices:
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+
+    for _ in range(WARMUP):
+        step()
+    with Stopwatch(*devices) as watch:
+        for _ in range(STEPS):
+            step()
+    return watch.seconds
 
 
 def peak_memory(devices):

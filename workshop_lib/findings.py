@@ -9,8 +9,9 @@ watch the sentence change; a part of a notebook that could not run on this machi
 """
 from dataclasses import dataclass
 
+from workshop_lib import allreduce_model as allreduce
 from workshop_lib import runlog
-from workshop_lib.inside_ddp import allreduce, fsdp
+from workshop_lib.inside_ddp import fsdp
 
 
 @dataclass(frozen=True)

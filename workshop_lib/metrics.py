@@ -59,8 +59,8 @@ def shard_accuracies(model, val_set, world_size, evaluate, device="cpu"):
 
     per_rank = []
     for rank in range(world_size):
-        loader = data.TensorLoader(val_set, 512, data.ShardSampler(val_set, rank, world_size),
-                                   device)
+        loader = data.TensorLoader(val_set, data.VAL_BATCH_SIZE,
+                                   data.ShardSampler(val_set, rank, world_size), device)
         _, correct, count = evaluate(model, loader).tolist()
         per_rank.append({"rank": rank, "correct": int(correct), "samples": int(count),
                          "accuracy": correct / count})

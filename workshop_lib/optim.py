@@ -8,6 +8,9 @@ large learning rates work where plain SGD diverges (notebook 03).
 import torch
 
 OPTIMIZERS = ("sgd", "lars")
+# The training scripts' defaults (--lr, --momentum, --weight-decay), which the bench and the
+# trace use too: their timings do not depend on them, but they time the course's step.
+LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
 
 
 class LARS(torch.optim.Optimizer):

@@ -183,7 +183,7 @@ class ShardLoader:
             yield x.to(self.device, non_blocking=True), torch.as_tensor(y).to(self.device)
 
 
-def loaders(train_split, val_split, args, device, rank, world_size):
+def loaders(train_split, val_split, args, device, rank, world_size, val_batch_size):
     """The training scripts' ``prepare_dataloaders`` for ``--data-format shards``: the
     schedule (the sampler's role), the training loader and the validation loader."""
     schedule = ShardSchedule(train_split, rank, world_size, args.seed)
@@ -191,7 +191,7 @@ def loaders(train_split, val_split, args, device, rank, world_size):
     val_schedule = ShardSchedule(val_split, rank, world_size, args.seed, shuffle=False,
                                  equal_steps=False)
     return (schedule, ShardLoader(schedule, args.batch_size, device),
-            ShardLoader(val_schedule, 512, device))
+            ShardLoader(val_schedule, val_batch_size, device))
 
 
 def tfrecord_samples(path, image_key="image", label_key="label", shape=None):

@@ -31,6 +31,7 @@ from workshop_lib import (
 )
 from workshop_lib.errors import exit_cleanly_on_course_error
 from workshop_lib.precision import PLAIN, Precision
+from workshop_lib.stopwatch import Stopwatch
 
 
 def load_train_objs(args, device):
@@ -48,12 +49,13 @@ def memory_format(args):
 
 def prepare_dataloaders(args, train_set, val_set, device):
     if args.data_format == "shards":  # record shards, read rank by rank (notebook 06)
-        return shards.loaders(train_set, val_set, args, device, rank=0, world_size=1)
+        return shards.loaders(train_set, val_set, args, device, rank=0, world_size=1,
+                              val_batch_size=data.VAL_BATCH_SIZE)
     train_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     val_sampler = SequentialSampler(val_set)
     train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device,
                                      memory_format=memory_format(args))
-    val_loader = data.TensorLoader(val_set, 512, val_sampler, device,
+    val_loader = data.TensorLoader(val_set, data.VAL_BATCH_SIZE, val_sampler, device,
                                    memory_format=memory_format(args))
     return train_sampler, train_loader, val_loader
 
@@ -161,13 +163,11 @@ def fit(args, device):
         lr_now = optimizer.param_groups[0]["lr"]
         # The same permutation for the same (seed, epoch): a resumed run sees the same data.
         train_sampler.generator.manual_seed(args.seed + epoch)
-        hardware.synchronize(device)
         memory.reset_peak(device)
-        epoch_start = time.perf_counter()
-        train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
-                                              precision, args.accumulate, args.progress)
-        hardware.synchronize(device)
-        epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
+        with Stopwatch(device) as epoch_clock:  # training only: evaluation is not timed
+            train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
+                                                  precision, args.accumulate, args.progress)
+        epoch_s = epoch_clock.seconds
         val_sums = evaluate(model, val_loader)
 
         record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,

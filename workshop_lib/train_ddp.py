@@ -37,6 +37,7 @@ from workshop_lib import (
 )
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
 from workshop_lib.precision import PLAIN, Precision
+from workshop_lib.stopwatch import Stopwatch
 
 
 def load_train_objs(args, device):
@@ -68,13 +69,14 @@ def wrap(model, device, process_group=None):
 def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):
     # Each rank draws a disjoint 1/world_size of a permutation that all ranks agree on.
     if args.data_format == "shards":  # record shards, read rank by rank (notebook 06)
-        return shards.loaders(train_set, val_set, args, device, rank, world_size)
+        return shards.loaders(train_set, val_set, args, device, rank, world_size,
+                              data.VAL_BATCH_SIZE)
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=args.seed)
     # Validation shards without DistributedSampler's padding, so the counts are exact.
     val_sampler = data.ShardSampler(val_set, rank, world_size)
     train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device,
                                      memory_format=memory_format(args))
-    val_loader = data.TensorLoader(val_set, 512, val_sampler, device,
+    val_loader = data.TensorLoader(val_set, data.VAL_BATCH_SIZE, val_sampler, device,
                                    memory_format=memory_format(args))
     return train_sampler, train_loader, val_loader
 
@@ -193,14 +195,12 @@ def fit(args, device, rank, world_size):
         lr_now = optimizer.param_groups[0]["lr"]
         # A new permutation each epoch; without this every epoch repeats epoch 0's order.
         train_sampler.set_epoch(epoch)
-        hardware.synchronize(device)
         memory.reset_peak(device)
-        epoch_start = time.perf_counter()
-        train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
-                                              precision, args.accumulate,
-                                              args.progress and is_rank0)
-        hardware.synchronize(device)
-        epoch_s = time.perf_counter() - epoch_start  # training only: evaluation is not timed
+        with Stopwatch(device) as epoch_clock:  # training only: evaluation is not timed
+            train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
+                                                  precision, args.accumulate,
+                                                  args.progress and is_rank0)
+        epoch_s = epoch_clock.seconds
         # BatchNorm running statistics are buffers each rank updates from its own batches:
         # give every rank rank 0's, so all evaluate (and rank 0 saves) the same model.
         for buffer in model.module.buffers():

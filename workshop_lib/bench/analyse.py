@@ -8,10 +8,9 @@ latency and bandwidth terms at the gradients' size, and what is left unaccounted
 ``analyse(raw, plan)`` turns what the workers recorded (seconds per window, per
 all-reduce, per epoch) into the report's sections; it runs no process and no model.
 """
-import math
 import statistics
 
-from workshop_lib import data
+from workshop_lib import allreduce_model, data
 from workshop_lib.bench.plan import (
     BUFFER_SYNC,
     COURSE,
@@ -21,15 +20,9 @@ from workshop_lib.bench.plan import (
     model_facts,
     run_key,
 )
+from workshop_lib.stopwatch import summary
 
 LOOP_OVERHEAD_TARGET = 0.95
-
-
-def summary(values):
-    """Median, min, max and n of a list of numbers."""
-    ordered = sorted(values)
-    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1],
-            "n": len(ordered)}
 
 
 def per_round(numerators, denominators, scale=1.0):
@@ -37,49 +30,10 @@ def per_round(numerators, denominators, scale=1.0):
     return summary([a / b * scale for a, b in zip(numerators, denominators, strict=True)])
 
 
-def allreduce_floor_s(world_size, nbytes, bus_bandwidth_gb_s):
-    """The ring all-reduce's bandwidth term: each rank sends and receives 2(N-1)/N of the
-    data."""
-    return 2 * (world_size - 1) / world_size * nbytes / (bus_bandwidth_gb_s * 1e9)
-
-
-def fit_allreduce(rows, world_size):
-    """``time(bytes) = latency + 2(N-1)/N * bytes / bus bandwidth``, fitted by least squares
-    to the sweep's median times, each size weighted by 1/time^2.
-
-    The weights make it a fit of relative errors: unweighted, the largest messages (a
-    quarter of a second at 256 MB) would decide both terms, and the latency, a fraction
-    of a millisecond, would be whatever their noise left. A negative latency (noise at
-    the small sizes) is fitted again as zero.
-    """
-    x = [2 * (world_size - 1) / world_size * row["bytes"] for row in rows]
-    t = [row["seconds"]["median"] for row in rows]
-    w = [1 / ti**2 for ti in t]
-    sw, swx, swt = sum(w), sum(wi * xi for wi, xi in zip(w, x, strict=True)), \
-        sum(wi * ti for wi, ti in zip(w, t, strict=True))
-    swxx = sum(wi * xi * xi for wi, xi in zip(w, x, strict=True))
-    swxt = sum(wi * xi * ti for wi, xi, ti in zip(w, x, t, strict=True))
-    seconds_per_byte = (sw * swxt - swx * swt) / (sw * swxx - swx**2)
-    latency = (swt - seconds_per_byte * swx) / sw
-    if latency < 0:
-        latency, seconds_per_byte = 0.0, swxt / swxx
-    errors = [(latency + seconds_per_byte * xi - ti) / ti for xi, ti in zip(x, t, strict=True)]
-    return {"latency_s": latency, "bus_bandwidth_gb_s": 1 / seconds_per_byte / 1e9,
-            "relative_rms_error": math.sqrt(sum(e * e for e in errors) / len(errors)),
-            "sizes": len(rows)}
-
-
-def allreduce_model_s(fit, world_size, nbytes):
-    """The fitted model's two terms, and their sum, for one all-reduce of ``nbytes``."""
-    bandwidth = allreduce_floor_s(world_size, nbytes, fit["bus_bandwidth_gb_s"])
-    return {"latency_s": fit["latency_s"], "bandwidth_s": bandwidth,
-            "total_s": fit["latency_s"] + bandwidth}
-
-
 def analyse(raw, plan):
     """The report's figures: scaling, loop overhead, communication, data path, precision."""
     allreduce = allreduce_rows(raw["allreduce"])
-    fits = {w: fit_allreduce(rows, w) for w, rows in allreduce.items()}
+    fits = {w: allreduce_model.fit(rows, w) for w, rows in allreduce.items()}
     facts = {c.name: model_facts(c, data.DATASETS[plan.dataset]) for c in plan.configs}
     n = plan.world_size
     return {
@@ -126,8 +80,8 @@ def inside_ddp_section(timing, fit):
         sweep.append({"bucket_bytes": int(name.split("_")[1]), "all_reduces": len(messages),
                       "step_ms": step_ms[name],
                       "over_local_ms": step_ms[name]["median"] - local,
-                      "predicted_ms": 1e3 * sum(allreduce_model_s(fit, world_size, b)["total_s"]
-                                                for b in messages)})
+                      "predicted_ms": 1e3 * allreduce_model.predicted_s(fit, world_size,
+                                                                        messages)})
     return {"world_size": world_size, "batch_size": timing["batch_size"],
             "dataset": timing["dataset"], "gradient_bytes": timing["gradient_bytes"],
             "wrappers": wrappers, "bucket_sweep": sweep}
@@ -172,7 +126,7 @@ def scaling_rows(raw, plan, config, fits, facts):
             predicted = None
             if mode == "weak" and w > 1:
                 # One process's step plus the fitted all-reduce, nothing overlapped.
-                floor = allreduce_model_s(fits[w], w, facts["gradient_bytes"])["total_s"]
+                floor = allreduce_model.model_s(fits[w], w, facts["gradient_bytes"])["total_s"]
                 predicted = one_step_s / (one_step_s + floor)
             rows.append({
                 "config": config.name, "model": config.label, "mode": mode,
@@ -200,7 +154,7 @@ def exposed_row(raw, plan, config, fit, facts):
     exposed = differences(ddp, no_sync)
     one_float = differences(sync, no_sync)  # synchronising once, whatever the bytes
     flat_cost = differences(flat, no_sync)  # one all-reduce of the gradients, no DDP
-    floor = allreduce_model_s(fit, n, facts["gradient_bytes"])
+    floor = allreduce_model.model_s(fit, n, facts["gradient_bytes"])
     target = statistics.median(one_float) + 2 * floor["bandwidth_s"]
     return {
         "config": config.name, "model": config.label, "world_size": n, "batch_size": b,
@@ -252,7 +206,7 @@ def trial_rows(raw, plan, config, fit, facts):
                                             for v in (COURSE, NO_SYNC, SYNC))
         exposed = differences(tried, tried_no_sync)
         one_float = differences(tried_sync, tried_no_sync)
-        bandwidth = allreduce_model_s(fit, n, facts["gradient_bytes"])["bandwidth_s"] \
+        bandwidth = allreduce_model.model_s(fit, n, facts["gradient_bytes"])["bandwidth_s"] \
             / trial.accumulate
         target = statistics.median(one_float) + 2 * bandwidth
         speedup = per_round(ddp, tried)

@@ -32,6 +32,7 @@ from workshop_lib.bench.plan import (
 )
 from workshop_lib.errors import CourseError
 from workshop_lib.precision import PLAIN
+from workshop_lib.stopwatch import Stopwatch
 from workshop_lib.train import train_step  # the step learners run, timed as it is
 from workshop_lib.train_ddp import backward  # train_ddp's accumulation, micro-batch by micro-batch
 
@@ -111,11 +112,10 @@ def inside_ddp(world):
 
 
 def timed_allreduce(world, buffer, world_size):
-    world.rendezvous(world_size)
-    start = time.perf_counter()
-    dist.all_reduce(buffer, group=world.group(world_size))
-    hardware.synchronize(world.device)
-    return world.slowest(time.perf_counter() - start, world_size)
+    world.rendezvous(world_size)  # synchronised: the clock starts with the queue empty
+    with Stopwatch(world.device) as watch:
+        dist.all_reduce(buffer, group=world.group(world_size))
+    return world.slowest(watch.seconds, world_size)
 
 
 def allreduce_sweep(world):
@@ -180,7 +180,7 @@ def gloo_group(world, threads):
 
 
 @dataclass
-class Run:
+class TimedModel:
     """A model, its optimizer and its batches, stepped by the first ``world_size`` ranks."""
 
     model: torch.nn.Module
@@ -245,7 +245,7 @@ def build_run(world, window):
         )
     trial = window.trial
     group = world.trial_groups.get(trial.gloo_threads) if trial else None
-    run = Run(model, window.config.optimizer(model), endless(loader, sampler), w,
+    run = TimedModel(model, window.config.optimizer(model), endless(loader, sampler), w,
               group or world.group(w))
     if w > 1:
         run.one_float = torch.zeros(1, device=world.device)
@@ -306,7 +306,7 @@ def timed_window(world, run, window=None, steps=None):
         if trial is not None and trial.pinned:
             stack.enter_context(pinned(world))
         world.rendezvous(run.world_size)
-        start = time.perf_counter()
+        watch = stack.enter_context(Stopwatch(world.device))
         if trial is not None and trial.accumulate > 1:
             for _ in range(steps // trial.accumulate):
                 accumulated_step(run, trial.accumulate)
@@ -317,9 +317,7 @@ def timed_window(world, run, window=None, steps=None):
                 train_step(run.model, run.optimizer, *next(run.batches))
                 if after is not None:
                     dist.all_reduce(after, group=run.group)
-        hardware.synchronize(world.device)
-        elapsed = time.perf_counter() - start
-    return world.slowest(elapsed, run.world_size)
+    return world.slowest(watch.seconds, run.world_size)
 
 
 def calibrate(world, run):

@@ -13,7 +13,6 @@ from workshop_lib.errors import CourseError
 
 KB, MB = 2**10, 2**20
 # The settings train.py uses by default; speed does not depend on them, only fairness.
-LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
 # Variants of a scaling run: the course's DDP (train_ddp.wrap; no DDP at one process), the
 # same model stepped under no_sync (no gradient all-reduce), DDP with its defaults, and
 # the no_sync step followed by an all-reduce of one float (what synchronising the ranks
@@ -78,7 +77,8 @@ class StepConfig:
 
     def optimizer(self, model):
         """SGD as train.py builds it by default."""
-        return optim.build("sgd", model.parameters(), LR, MOMENTUM, WEIGHT_DECAY)
+        return optim.build("sgd", model.parameters(), optim.LR, optim.MOMENTUM,
+                           optim.WEIGHT_DECAY)
 
     @property
     def label(self):

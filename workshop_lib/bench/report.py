@@ -1,6 +1,6 @@
 """The printed table: the report's JSON, formatted, one section per measurement."""
 from workshop_lib import runlog
-from workshop_lib.bench.analyse import allreduce_floor_s
+from workshop_lib.allreduce_model import floor_s
 from workshop_lib.bench.plan import KB, MB
 
 
@@ -91,7 +91,7 @@ def communication_section(report):
                      f"model: the fit below)")
         rows = [{"size": format_bytes(r["bytes"]),
                  "time": format_stats(r["seconds"], ".3f", 1e3),
-                 "model": fit["latency_s"] * 1e3 + allreduce_floor_s(
+                 "model": fit["latency_s"] * 1e3 + floor_s(
                      int(w), r["bytes"], fit["bus_bandwidth_gb_s"]) * 1e3,
                  "bandwidth": format_stats(r["bus_bandwidth_gb_s"], ".3f"),
                  "n": r["seconds"]["n"]} for r in sweep]

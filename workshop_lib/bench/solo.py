@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from workshop_lib import data, hardware, memory, scaling, shards, train
 from workshop_lib.precision import PLAIN, Precision
+from workshop_lib.stopwatch import Stopwatch
 from workshop_lib.train import train_step  # the step learners run, timed as it is
 
 
@@ -50,11 +51,9 @@ def interleaved_epochs(plan, device, loops, samples_per_epoch):
     epochs = {}
     for name, epoch in loops.items():
         epoch()  # warm-up
-        hardware.synchronize(device)
-        start = time.perf_counter()
-        epoch()
-        hardware.synchronize(device)
-        epochs[name] = max(1, round(plan.window_s / (time.perf_counter() - start)))
+        with Stopwatch(device) as watch:
+            epoch()
+        epochs[name] = max(1, round(plan.window_s / watch.seconds))
     seconds = {name: [] for name in loops}
     # This process's CPU time too: against the wall time it says how much of the window
     # other work on the machine took from it.
@@ -62,12 +61,11 @@ def interleaved_epochs(plan, device, loops, samples_per_epoch):
     names = list(loops)
     for r in range(plan.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            hardware.synchronize(device)
-            start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(epochs[name]):
-                loops[name]()
-            hardware.synchronize(device)
-            seconds[name].append(time.perf_counter() - start)
+            cpu_start = time.process_time()
+            with Stopwatch(device) as watch:
+                for _ in range(epochs[name]):
+                    loops[name]()
+            seconds[name].append(watch.seconds)
             cpu_seconds[name].append(time.process_time() - cpu_start)
     return {name: {"seconds": seconds[name], "cpu_seconds": cpu_seconds[name],
                    "samples": epochs[name] * samples_per_epoch} for name in loops}

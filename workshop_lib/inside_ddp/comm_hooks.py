@@ -54,7 +54,7 @@ def register(model, name):
 @torch.no_grad()
 def accuracy(module, val_set, device):
     """Validation accuracy of ``module`` on the whole validation set (no collective)."""
-    loader = data.TensorLoader(val_set, 512, SequentialSampler(val_set), device)
+    loader = data.TensorLoader(val_set, data.VAL_BATCH_SIZE, SequentialSampler(val_set), device)
     _, correct, samples = train_ddp.evaluate(module, loader).tolist()
     module.train()
     return correct / samples

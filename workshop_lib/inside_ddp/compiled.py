@@ -17,13 +17,13 @@ Inductor may sum in another order) and at the end (where training has amplified 
 """
 import copy
 import statistics
-import time
 
 import torch
 
-from workshop_lib import data, hardware, models, train_ddp
+from workshop_lib import data, models, train_ddp
 from workshop_lib.inside_ddp import replay
 from workshop_lib.inside_ddp.timing import timed_window, train_step
+from workshop_lib.stopwatch import Stopwatch
 
 WINDOWS, STEPS, BATCH_SIZE, LR = 3, 10, 32, 0.01
 
@@ -42,11 +42,9 @@ def compare(rank, world_size, device, dataset="digits", windows=WINDOWS, steps=S
         model = train_ddp.wrap(copy.deepcopy(start), device)
         runnable = torch.compile(model) if name == "compiled" else model
         optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-        hardware.synchronize(device)
-        begin = time.perf_counter()
-        train_step(runnable, optimizer, *batches[0])  # the compiled run compiles here
-        hardware.synchronize(device)
-        out[f"first_step_{name}_s"] = time.perf_counter() - begin
+        with Stopwatch(device) as watch:
+            train_step(runnable, optimizer, *batches[0])  # the compiled run compiles here
+        out[f"first_step_{name}_s"] = watch.seconds
         firsts[name] = [p.detach().clone() for p in model.module.parameters()]
         rest = iter(batches[1:])
         out["step_ms"][name] = statistics.median(

@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from workshop_lib import allreduce_model as allreduce
 from workshop_lib import cli, data, distributed, hardware, models
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
-from workshop_lib.inside_ddp import allreduce, comm_hooks, compiled, fsdp, timing, zero1
+from workshop_lib.inside_ddp import comm_hooks, compiled, fsdp, timing, zero1
 
 # The sweep's bucket sizes: the course CNN's 368 KiB of gradients are one bucket from 512 KiB
 # up, which the "buckets" variant (DDP's 25 MiB) already times.

@@ -1,8 +1,8 @@
 """Notebook 07's figures, from ``experiments``' results (reads them; never measures)."""
 import matplotlib.pyplot as plt
 
+from workshop_lib import allreduce_model as allreduce
 from workshop_lib.findings import bucket_sweep_rows
-from workshop_lib.inside_ddp import allreduce
 
 VARIANTS = {"local": "local (no averaging)", "naive": "naive (after backward)",
             "overlap": "overlap (per gradient)", "buckets": "buckets (25 MB)",

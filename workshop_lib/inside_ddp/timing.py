@@ -24,19 +24,18 @@ fitted latency and bandwidth price (``allreduce.predicted_s``).
 import itertools
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
-from workshop_lib import cli, data, distributed, hardware, models, naive_ddp, train_ddp
+from workshop_lib import cli, data, distributed, models, naive_ddp, train_ddp
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 from workshop_lib.inside_ddp.buckets import BucketedDataParallel
 from workshop_lib.inside_ddp.overlap import OverlappedDataParallel
+from workshop_lib.stopwatch import Stopwatch, summary
 
 SWEEP_BYTES = (2**12, 2**14, 2**16, 2**18, 2**20)  # 4 KB ... 1 MB
 
@@ -77,12 +76,10 @@ def timed_window(model, optimizer, batches, steps, device):
     """Seconds per step over ``steps`` steps, the slowest rank's."""
     flag = torch.zeros(1, device=device)
     dist.all_reduce(flag)  # every rank starts the window together
-    hardware.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        train_step(model, optimizer, *next(batches))
-    hardware.synchronize(device)
-    seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    with Stopwatch(device) as watch:
+        for _ in range(steps):
+            train_step(model, optimizer, *next(batches))
+    seconds = torch.tensor([watch.seconds], dtype=torch.float64, device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     return seconds.item() / steps
 
@@ -112,8 +109,7 @@ def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits
             "gradient_bytes": gradient_bytes, "rounds": rounds, "steps_per_window": steps,
             "messages": {name: messages(model) for name, (model, _) in runs.items()
                          if messages(model) is not None},
-            "step_ms": {name: {"median": statistics.median(v), "min": min(v), "max": max(v),
-                               "n": len(v)} for name, v in ms.items()}}
+            "step_ms": {name: summary(v) for name, v in ms.items()}}
 
 
 @exit_cleanly_on_course_error

@@ -92,9 +92,9 @@ def rank_record(args, device, rank, world_size):
 def allreduce_floor(device, world_size, gradient_bytes):
     """The all-reduce floor for these gradients, on this job's own ranks: all-reduces timed
     from 1 KB up to the gradients' size, fitted as latency + bytes over a bandwidth
-    (``inside_ddp.allreduce``, the bench's fit), priced at the gradients' size: what one
+    (``allreduce_model``, the bench's fit), priced at the gradients' size: what one
     bucket of them costs with nothing beside it. None with one rank (nothing to reduce)."""
-    from workshop_lib.inside_ddp import allreduce
+    from workshop_lib import allreduce_model as allreduce
 
     if world_size < 2:
         return None

@@ -4,24 +4,21 @@ The step is the course's own, ``train.train_step`` on a model wrapped by
 ``train_ddp.wrap``, with the optimizer ``train_ddp.py`` builds by default; only the
 profiler and a ``course step N`` span around each step are added.
 """
+import contextlib
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data.distributed import DistributedSampler
 
-from workshop_lib import data, hardware, models, optim, train_ddp
+from workshop_lib import data, models, optim, train_ddp
 from workshop_lib.errors import CourseError
 from workshop_lib.precision import Precision
+from workshop_lib.stopwatch import Stopwatch
 from workshop_lib.trace.timeline import STEP_PREFIX
 from workshop_lib.train import train_step  # the step learners run, profiled as it is
-
-# train_ddp.py's default optimizer settings (cli.add_common_args); speed does not depend
-# on them.
-LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
 
 
 def batches(train_set, batch_size, device, rank, world_size):
@@ -43,16 +40,11 @@ def timed_steps(model, optimizer, batch_iter, precision, device, steps, profiled
     seconds = []
     for i in range(steps):
         x, y = next(batch_iter)  # outside the clock: loading is not the step
-        hardware.synchronize(device)
-        start = time.perf_counter()
-        if profiled:
-            with record_function(f"{STEP_PREFIX}{i}"):
-                train_step(model, optimizer, x, y, precision)
-                hardware.synchronize(device)  # the span ends when the GPU's work does
-        else:
+        span = record_function(f"{STEP_PREFIX}{i}") if profiled else contextlib.nullcontext()
+        # The span closes after the stopwatch's synchronise: it ends when the GPU's work does.
+        with span, Stopwatch(device) as watch:
             train_step(model, optimizer, x, y, precision)
-            hardware.synchronize(device)
-        seconds.append(time.perf_counter() - start)
+        seconds.append(watch.seconds)
     return seconds
 
 
@@ -63,7 +55,8 @@ def profile_steps(args, device, rank, world_size, out):
     train_set, _, info = data.load(args.dataset, args.data_dir)
     torch.manual_seed(0)
     model = train_ddp.wrap(models.build(args.model, info).to(device), device)
-    optimizer = optim.build("sgd", model.parameters(), LR, MOMENTUM, WEIGHT_DECAY)
+    optimizer = optim.build("sgd", model.parameters(), optim.LR, optim.MOMENTUM,
+                            optim.WEIGHT_DECAY)
     precision = Precision(args.amp, device)
     batch_iter = batches(train_set, args.batch_size, device, rank, world_size)
     # Warm-up: DDP rebuilds its buckets after the first step; allocators and gloo's
