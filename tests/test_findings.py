@@ -2,7 +2,16 @@
 synthetic run records on either side of its threshold, its verdict flips."""
 import pytest
 
-from workshop_lib import findings, profile
+from workshop_lib import profile
+from workshop_lib.findings import beyond_one_machine as nb06
+from workshop_lib.findings import from_one_gpu_to_many as nb02
+from workshop_lib.findings import inside_ddp as nb07
+from workshop_lib.findings import keeping_accuracy_at_scale as nb03
+from workshop_lib.findings import sgd_and_batch_size as nb01
+from workshop_lib.findings import welcome as nb00
+from workshop_lib.findings import when_things_go_wrong as nb04
+from workshop_lib.findings import worked_example as nb05
+from workshop_lib.inside_ddp import fsdp, timing
 from workshop_lib.runlog import Run
 
 
@@ -25,18 +34,18 @@ P = profile.get_profile("cpu", "digits", launches=profile.PROCESSES)
 
 @pytest.mark.parametrize("final,holds", [(0.95, True), (0.15, False)])
 def test_welcome_says_the_environment_works_only_when_the_model_learned(final, holds):
-    found = findings.welcome(run([0.5, final], world_size=2, global_batch=64), P, 10)
+    found = nb00.welcome(run([0.5, final], world_size=2, global_batch=64), P, 10)
     assert found["learned"].holds is holds
     assert ("the environment works" in found["learned"].text) is holds
 
 
 def test_one_vs_many_reports_the_speedup_or_skips_with_one_process():
     single = run([0.9, 0.95], samples_per_s=1000)
-    faster = findings.one_vs_many(single, run([0.9, 0.95], world_size=2, samples_per_s=1500))
+    faster = nb02.one_vs_many(single, run([0.9, 0.95], world_size=2, samples_per_s=1500))
     assert faster["speedup"].holds and "1.50x speed-up" in faster["speedup"].text
-    slower = findings.one_vs_many(single, run([0.9, 0.95], world_size=2, samples_per_s=800))
+    slower = nb02.one_vs_many(single, run([0.9, 0.95], world_size=2, samples_per_s=800))
     assert slower["speedup"].holds is False
-    alone = findings.one_vs_many(single, run([0.9, 0.95], world_size=1))
+    alone = nb02.one_vs_many(single, run([0.9, 0.95], world_size=1))
     assert alone["speedup"].skipped and "nproc is 1" in alone["speedup"].text
 
 
@@ -50,21 +59,21 @@ def test_failures_judge_each_fault_by_its_bound():
     restarted.resumes.append({"start_epoch": 2})
     good = {"crash": outcome(False, 3), "hang": outcome(False, 20, rank=0),
             "restart": outcome(True, 1, attempts=2)}
-    found = findings.failures(good, 2, 15, restarted)
+    found = nb04.failures(good, 2, 15, restarted)
     assert all(f.holds for f in found)
     slow = {"crash": outcome(False, 90), "hang": outcome(False, 200, rank=0),
             "restart": outcome(True, 1, attempts=2)}
     fresh = run([0.8, 0.9, 0.95])  # restarted, but from scratch: no resume record
-    found = findings.failures(slow, 2, 15, fresh)
+    found = nb04.failures(slow, 2, 15, fresh)
     assert [f.holds for f in found] == [False, False, False]
-    one = findings.failures({"crash": outcome(False, 3), "restart": outcome(True, 1, 0, 2)},
+    one = nb04.failures({"crash": outcome(False, 3), "restart": outcome(True, 1, 0, 2)},
                             1, 15, restarted)
     assert one["hang"].skipped and "needs two ranks" in one["hang"].text
 
 
 def test_the_from_scratch_check_is_judged_against_float_rounding():
-    assert findings.from_scratch({"max_abs_difference": 3e-7, "steps": 20})["from_scratch"].holds
-    assert not findings.from_scratch({"max_abs_difference": 0.01, "steps": 20})[
+    assert nb02.from_scratch({"max_abs_difference": 3e-7, "steps": 20})["from_scratch"].holds
+    assert not nb02.from_scratch({"max_abs_difference": 0.01, "steps": 20})[
         "from_scratch"].holds
 
 
@@ -75,15 +84,15 @@ def seeds(accuracies, epoch_s, world_size=1, curve=(0.5, 0.9)):
 def test_same_accuracy_is_shown_only_when_the_seed_spread_allows_it():
     base = seeds([0.960, 0.961, 0.961], epoch_s=2.0)
     close = seeds([0.9605, 0.9610, 0.9612], epoch_s=0.6, world_size=4)
-    found, rows = findings.same_accuracy_in_less_time(base, close)
+    found, rows = nb02.same_accuracy_in_less_time(base, close)
     assert found["same_accuracy"].holds is True and "within the 0.2 pp" in \
         found["same_accuracy"].text
     assert found["epoch_speedup"].holds and rows[1]["speedup"] == pytest.approx(2.0 / 0.6)
     far = seeds([0.950, 0.951, 0.951], epoch_s=0.6, world_size=4)
-    found, _ = findings.same_accuracy_in_less_time(base, far)
+    found, _ = nb02.same_accuracy_in_less_time(base, far)
     assert found["same_accuracy"].holds is False and "NOT within" in found["same_accuracy"].text
     noisy = seeds([0.950, 0.960, 0.970], epoch_s=0.6, world_size=4)
-    found, _ = findings.same_accuracy_in_less_time(base, noisy)
+    found, _ = nb02.same_accuracy_in_less_time(base, noisy)
     assert found["same_accuracy"].holds is None and "not shown here" in \
         found["same_accuracy"].text
 
@@ -91,13 +100,13 @@ def test_same_accuracy_is_shown_only_when_the_seed_spread_allows_it():
 def test_time_to_target_speedup_needs_every_run_to_get_there():
     base = seeds([0.96] * 3, epoch_s=2.0)
     never = seeds([0.80] * 3, epoch_s=0.5, world_size=2, curve=(0.5, 0.6))
-    found, _ = findings.same_accuracy_in_less_time(base, never)
+    found, _ = nb02.same_accuracy_in_less_time(base, never)
     assert found["target_speedup"].holds is False and "never reached" in \
         found["target_speedup"].text
     slower = seeds([0.96] * 3, epoch_s=3.0, world_size=2)
-    found, _ = findings.same_accuracy_in_less_time(base, slower)
+    found, _ = nb02.same_accuracy_in_less_time(base, slower)
     assert found["epoch_speedup"].holds is False and found["target_speedup"].holds is False
-    table = findings.worked_example_table(findings.same_accuracy_in_less_time(base, slower)[1])
+    table = nb02.worked_example_table(nb02.same_accuracy_in_less_time(base, slower)[1])
     assert "3.4x" in table and "12 h" in table and "3.5 h" in table
 
 
@@ -114,7 +123,7 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
                 large_lars=0.90)
     for r in (*base.values(), *hot.values()):
         r.start["args"]["seed"] = "0"
-    found = findings.accuracy_at_scale(base, hot, 20)
+    found = nb03.accuracy_at_scale(base, hot, 20)
     assert found["gap"].holds and found["linear_restores"].holds
     assert not found["sqrt_restores"].holds  # 30% of the gap: under the bar
     assert found["linear_breaks"].holds and found["hot_small"].holds
@@ -123,17 +132,17 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
         found["hot_lars"].text
     calm = named(small=0.99, large_linear=0.988, large_linear_warmup=0.99, large_sqrt=0.99,
                  large_lars=0.99)
-    assert not findings.accuracy_at_scale(base, calm, 20)["linear_breaks"].holds
+    assert not nb03.accuracy_at_scale(base, calm, 20)["linear_breaks"].holds
 
 
 def test_the_batchnorm_caveat_is_judged_against_float_rounding():
     measured = {"world_size": 2, "batch_size": 16, "steps": 10,
                 "max_abs_difference": {"bn_free": 2e-8, "batchnorm": 9e-3}}
-    found = findings.batchnorm(measured)
+    found = nb03.batchnorm(measured)
     assert found["bn_free"].holds and found["batchnorm"].holds and found["sync_batchnorm"].skipped
     measured["max_abs_difference"]["sync_batchnorm"] = 3e-3
-    assert not findings.batchnorm(measured)["sync_batchnorm"].holds
-    assert findings.batchnorm(None)["batchnorm"].skipped
+    assert not nb03.batchnorm(measured)["sync_batchnorm"].holds
+    assert nb03.batchnorm(None)["batchnorm"].skipped
 
 
 def with_memory(val_acc, saved_mib, samples_per_s, global_batch=128):
@@ -144,11 +153,11 @@ def with_memory(val_acc, saved_mib, samples_per_s, global_batch=128):
 
 
 def test_precision_and_remedy_verdicts_follow_their_bars():
-    found = findings.precision({"fp32": with_memory(0.98, 4.0, 1000),
+    found = nb05.precision({"fp32": with_memory(0.98, 4.0, 1000),
                                 "bf16": with_memory(0.975, 2.0, 1300),
                                 "fp16": with_memory(0.90, 2.0, 100)})
     assert found["bf16"].holds and not found["fp16"].holds
-    found = findings.remedies({"plain": with_memory(0.98, 10.0, 1000),
+    found = nb05.remedies({"plain": with_memory(0.98, 10.0, 1000),
                                "accumulate": with_memory(0.98, 2.5, 900),
                                "bf16": with_memory(0.98, 7.0, 1100)}, "plain")
     assert found["accumulate"].holds and not found["bf16"].holds
@@ -158,26 +167,26 @@ def test_accumulation_needs_the_same_step_and_fewer_all_reduces():
     measured = {"micro_batches": 4, "max_abs_difference": 7e-9,
                 "all_reduces": {"accumulated": 1, "accumulated_without_no_sync": 4,
                                 "one_batch": 1}}
-    assert findings.accumulation(measured)["accumulation"].holds
+    assert nb05.accumulation(measured)["accumulation"].holds
     measured["all_reduces"]["accumulated"] = 4
-    assert not findings.accumulation(measured)["accumulation"].holds
+    assert not nb05.accumulation(measured)["accumulation"].holds
 
 
 def test_dataparallel_and_step_time_verdicts():
-    assert findings.dataparallel(None)["dataparallel"].skipped
+    assert nb05.dataparallel(None)["dataparallel"].skipped
     result = {"gpus": 4, "speedup_ddp_over_dp": 1.8,
               "gpu0_memory_over_mean_of_others": {"data_parallel": 1.6, "ddp": 1.0}}
-    assert findings.dataparallel(result)["dataparallel"].holds
+    assert nb05.dataparallel(result)["dataparallel"].holds
     median = {"measured_ms": 12.0, "compute_ms": 8.0, "communication_ms": 6.0,
               "overlapped_ms": 2.0, "exposed_ms": 4.0, "accounted": {"median": 1.0}}
     summary = {"setup": {"gradient_bytes": 2**20}, "ranks": [{"median": median}]}
-    found = findings.step_time(summary, floor_ms=0.5)
+    found = nb05.step_time(summary, floor_ms=0.5)
     assert found["step_time"].holds and "8.0x it" in found["step_time"].text
     median["accounted"]["median"] = 0.6
-    assert not findings.step_time(summary)["step_time"].holds
-    assert "floor" not in findings.step_time(summary)["step_time"].text
+    assert not nb05.step_time(summary)["step_time"].holds
+    assert "floor" not in nb05.step_time(summary)["step_time"].text
     summary["floor"] = {"floor_ms": 2.0}  # the trace's own fit
-    assert "exposed is 2.0x it" in findings.step_time(summary)["step_time"].text
+    assert "exposed is 2.0x it" in nb05.step_time(summary)["step_time"].text
 
 
 # -- Notebook 07 ---------------------------------------------------------------------------
@@ -222,88 +231,88 @@ def inside_ddp_results(step_ms=None, hooks=None, sharded=(589828, 163704), fsdp_
 
 
 def test_inside_ddp_step_times_flip_at_their_bars():
-    found = findings.inside_ddp_step_times(inside_ddp_results())
+    found = nb07.step_times(inside_ddp_results())
     assert found["room_to_overlap"].holds  # 10 of 40 ms: 25%
     assert found["overlap"].holds and "15% faster" in found["overlap"].text
     assert found["buckets"].holds and found["as_fast_as_ddp"].holds
-    found = findings.inside_ddp_step_times(inside_ddp_results(
+    found = nb07.step_times(inside_ddp_results(
         {"naive": 31.0, "overlap": 31.5, "buckets": 36.0}))
     assert not found["room_to_overlap"].holds and "little to overlap" in \
         found["room_to_overlap"].text
     assert not found["overlap"].holds and "the same within 5%" in found["overlap"].text
     assert not found["buckets"].holds and "slower" in found["buckets"].text
     assert not found["as_fast_as_ddp"].holds  # 36 against 30: 20% more
-    noisy = findings.inside_ddp_step_times(inside_ddp_results({"ddp": 25.0}))
+    noisy = nb07.step_times(inside_ddp_results({"ddp": 25.0}))
     assert "5.0 ms under local" in noisy["as_fast_as_ddp"].text
     assert not noisy["as_fast_as_ddp"].holds  # 31 against 25: 24% more
-    assert findings.inside_ddp_step_times(None)["step_times"].skipped
+    assert nb07.step_times(None)["step_times"].skipped
 
 
 def test_the_bucket_sweep_is_priced_by_the_fitted_latency():
-    rows = findings.bucket_sweep_rows(inside_ddp_results())
+    rows = timing.bucket_sweep_rows(inside_ddp_results())
     assert [r["bucket_bytes"] for r in rows] == [4096, 65536, 25 * 2**20]
     assert [r["all_reduces"] for r in rows] == [8, 6, 2]
     # 8 latencies of 0.4 ms, plus 2 x (1/2) x bytes / 1 GB/s
     assert rows[0]["predicted_ms"] == pytest.approx(8 * 0.4 + (7 * 4096 + 44) / 1e6)
-    found = findings.inside_ddp_bucket_sweep(inside_ddp_results())
+    found = nb07.bucket_sweep(inside_ddp_results())
     assert found["bucket_sweep"].holds  # 36 ms against the fastest 31: 16% more
-    flat = findings.inside_ddp_bucket_sweep(inside_ddp_results({"buckets_4096": 31.5}))
+    flat = nb07.bucket_sweep(inside_ddp_results({"buckets_4096": 31.5}))
     assert not flat["bucket_sweep"].holds and "lost in the" in flat["bucket_sweep"].text
     assert "0.40 ms latency" in found["allreduce_fit"].text
 
 
 def test_zero1_memory_is_exact_and_balanced_only_when_the_numbers_say_so():
-    found = findings.inside_ddp_zero1(inside_ddp_results())
+    found = nb07.zero1(inside_ddp_results())
     assert found["zero1_memory"].holds and found["zero1_pytorch"].holds
     assert not found["zero1_balance"].holds and "78% of the model" in found["zero1_balance"].text
-    even = findings.inside_ddp_zero1(inside_ddp_results(sharded=(376766, 376766)))
+    even = nb07.zero1(inside_ddp_results(sharded=(376766, 376766)))
     assert even["zero1_balance"].holds and not even["zero1_pytorch"].holds
-    lost = findings.inside_ddp_zero1(inside_ddp_results(sharded=(589828, 100000)))
+    lost = nb07.zero1(inside_ddp_results(sharded=(589828, 100000)))
     assert not lost["zero1_memory"].holds and "NOT the replicated" in lost["zero1_memory"].text
-    assert findings.inside_ddp_zero1(None)["zero1_memory"].skipped
+    assert nb07.zero1(None)["zero1_memory"].skipped
 
 
 def test_a_comm_hook_keeps_the_accuracy_within_its_bar():
-    found = findings.inside_ddp_comm_hooks(inside_ddp_results())
+    found = nb07.comm_hooks(inside_ddp_results())
     assert found["hook_fp16"].holds and "50.0% of plain" in found["hook_fp16"].text
     assert found["hook_bf16"].holds  # -0.5 pp
     assert not found["hook_powersgd_rank1"].holds and found["hook_powersgd_rank4"].holds
-    worse = findings.inside_ddp_comm_hooks(inside_ddp_results(hooks={"bf16": (188372, 0.95)}))
+    worse = nb07.comm_hooks(inside_ddp_results(hooks={"bf16": (188372, 0.95)}))
     assert not worse["hook_bf16"].holds and "-2.5 pp" in worse["hook_bf16"].text
 
 
 def test_compile_is_skipped_when_not_asked_and_judged_when_timed():
-    assert findings.inside_ddp_compiled(inside_ddp_results())["compiled"].skipped
-    assert "compile_ddp is False" in findings.inside_ddp_compiled(inside_ddp_results())[
+    assert nb07.compiled(inside_ddp_results())["compiled"].skipped
+    assert "compile_ddp is False" in nb07.compiled(inside_ddp_results())[
         "compiled"].text
     timed = {"compile_s": 60.0, "step_ms": {"eager": 46.0, "compiled": 36.0}, "steps": 31,
              "first_step_difference": 2e-8, "max_difference": 2e-4}
-    found = findings.inside_ddp_compiled(inside_ddp_results(compiled=timed))
+    found = nb07.compiled(inside_ddp_results(compiled=timed))
     assert found["compiled"].holds and "after 6,000 steps" in found["compiled"].text
     assert found["compiled_same"].holds
     timed = {**timed, "step_ms": {"eager": 46.0, "compiled": 45.0}, "first_step_difference": 1e-3}
-    found = findings.inside_ddp_compiled(inside_ddp_results(compiled=timed))
+    found = nb07.compiled(inside_ddp_results(compiled=timed))
     assert not found["compiled"].holds and not found["compiled_same"].holds
 
 
 def test_fsdp_pointer_is_computed_from_the_parameter_count():
-    rows = findings.fsdp_memory_rows(1_000_000, world_sizes=(4,))
+    rows = fsdp.memory_rows(1_000_000, world_sizes=(4,))
     assert rows == [{"gpus": 4, "ddp": 16e6, "zero1": 10e6, "zero2": 7e6, "fsdp": 4e6}]
-    found = findings.inside_ddp_fsdp(inside_ddp_results(), "wrn", 1_000_000)
+    found = nb07.fsdp_sharding(inside_ddp_results(), "wrn", 1_000_000)
     assert "(12% of DDP's)" in found["fsdp_pointer"].text  # 2/16 on 8 GPUs
     assert found["fsdp_same"].holds and found["fsdp_memory"].holds
-    apart = findings.inside_ddp_fsdp(inside_ddp_results(fsdp_diff=0.01), "wrn", 1_000_000)
+    apart = nb07.fsdp_sharding(inside_ddp_results(fsdp_diff=0.01), "wrn", 1_000_000)
     assert not apart["fsdp_same"].holds
-    alone = findings.inside_ddp_fsdp(None, "wrn", 1_000_000)
+    alone = nb07.fsdp_sharding(None, "wrn", 1_000_000)
     assert alone["fsdp"].skipped and alone["fsdp_pointer"].holds is None
 
 
 def test_the_closing_summary_holds_every_section():
-    found = findings.inside_ddp(inside_ddp_results(), "wrn", 1_000_000)
+    found = nb07.summary(inside_ddp_results(), "wrn", 1_000_000)
     for key in ("zero1_memory", "room_to_overlap", "bucket_sweep", "hook_fp16", "compiled",
                 "fsdp_pointer", "fsdp_same"):
         assert key in found
-    assert all(f.skipped or f.holds is None for f in findings.inside_ddp(None, "wrn", 10**6)
+    assert all(f.skipped or f.holds is None for f in nb07.summary(None, "wrn", 10**6)
                if f.key != "fsdp_pointer")
 
 
@@ -312,7 +321,7 @@ def test_the_closing_summary_holds_every_section():
 
 @pytest.mark.parametrize("shards_acc,holds", [(0.97, True), (0.90, False)])
 def test_shards_learn_as_memory_does_within_the_bar(shards_acc, holds):
-    found = findings.shards_vs_memory(run([0.9, 0.975], samples_per_s=2000),
+    found = nb06.shards_vs_memory(run([0.9, 0.975], samples_per_s=2000),
                                       run([0.9, shards_acc], samples_per_s=1000))
     assert found["shards_accuracy"].holds is holds
     assert "0.50x" in found["shards_speed"].text
@@ -326,16 +335,16 @@ def launch_result(ok, output, seconds=20.0, error=None):
 def test_uneven_shards_hang_and_both_cures_finish_only_when_the_steps_say_so():
     lines = ["equal: 17 steps on rank 0, done\n", "[rank 1] equal: 17 steps on rank 1, done\n",
              "join: 27 steps on rank 0, done\n", "[rank 1] join: 18 steps on rank 1, done\n"]
-    equal = findings.steps_by_rank(lines, "equal")
-    join = findings.steps_by_rank(lines, "join")
+    equal = nb06.steps_by_rank(lines, "equal")
+    join = nb06.steps_by_rank(lines, "join")
     assert (equal, join) == ({0: 17, 1: 17}, {0: 27, 1: 18})
     timed_out = launch_result(False, ["[rank1]: RuntimeError: ... Timed out waiting 8000ms"])
-    found = findings.uneven_shards(equal, timed_out, join, 8)
+    found = nb06.uneven_shards(equal, timed_out, join, 8)
     assert all(f.holds for f in found) and "8 s timeout" in found["uneven_hangs"].text
-    finished = findings.uneven_shards({0: 17, 1: 16}, launch_result(True, []), {0: 18, 1: 18}, 8)
+    finished = nb06.uneven_shards({0: 17, 1: 16}, launch_result(True, []), {0: 18, 1: 18}, 8)
     assert not any(f.holds for f in finished)
     assert "did NOT hang (it finished)" in finished["uneven_hangs"].text
-    assert findings.uneven_shards({0: 17}, None, {}, 8)["uneven_shards"].skipped
+    assert nb06.uneven_shards({0: 17}, None, {}, 8)["uneven_shards"].skipped
 
 
 def nodes_result(rounds, killed=None, ok=True):
@@ -355,14 +364,14 @@ def test_two_nodes_are_the_one_node_job_only_when_every_epochs_loss_matches():
     same = run([0.8, 0.95], world_size=2, global_batch=64)
     same.start["nodes"] = 2
     result = nodes_result([rendezvous(0, 0), rendezvous(1, 1)])
-    found = findings.two_nodes(result, same, one_node)
+    found = nb06.two_nodes(result, same, one_node)
     assert found["layout"].holds and found["same_as_one_node"].holds
     other = run([0.8, 0.96], world_size=2, global_batch=64)
     other.start["nodes"] = 2
-    assert findings.two_nodes(result, other, one_node)["same_as_one_node"].holds is False
+    assert nb06.two_nodes(result, other, one_node)["same_as_one_node"].holds is False
     twice = nodes_result([rendezvous(0, 0), rendezvous(1, 0)])
-    assert findings.two_nodes(twice, same, one_node)["layout"].holds is False
-    assert "agent" in findings.layout_table(result)
+    assert nb06.two_nodes(twice, same, one_node)["layout"].holds is False
+    assert "agent" in nb06.layout_table(result)
 
 
 def test_an_elastic_job_is_judged_by_its_resume_and_its_epochs():
@@ -371,12 +380,12 @@ def test_an_elastic_job_is_judged_by_its_resume_and_its_epochs():
                         "batch_size": 32, "start_epoch": 2})
     rounds = [rendezvous(0, 0), rendezvous(1, 1), rendezvous(0, 0, nodes=1, attempt=1,
                                                              seen_s=25.0)]
-    found = findings.elastic(nodes_result(rounds, killed={1: 10.0}), job, 3)
+    found = nb06.elastic(nodes_result(rounds, killed={1: 10.0}), job, 3)
     assert found["elastic_reforms"].holds and "15 s later" in found["elastic_reforms"].text
     assert "from 64 to 32" in found["elastic_batch"].text
-    assert findings.elastic(nodes_result(rounds, killed={1: 10.0}), job, 4)[
+    assert nb06.elastic(nodes_result(rounds, killed={1: 10.0}), job, 4)[
         "elastic_reforms"].holds is False, "an epoch missing"
-    assert findings.elastic(nodes_result(rounds[:2], killed={1: 10.0}, ok=False), job, 3)[
+    assert nb06.elastic(nodes_result(rounds[:2], killed={1: 10.0}, ok=False), job, 3)[
         "elastic_reforms"].holds is False
 
 
@@ -389,18 +398,18 @@ def test_the_fixed_epoch_gap_says_what_the_training_loss_shows(large_acc, large_
                                                                words):
     reference = run([0.5, 0.99], global_batch=32, train_losses=[1.0, 1.0])
     large = run([0.5, large_acc], global_batch=512, train_losses=[1.0, large_loss])
-    found = findings.fixed_epoch_gap(reference, large)
+    found = nb01.fixed_epoch_gap(reference, large)
     assert found.holds is holds and words in found.text, found.text
 
 
 def test_time_to_accuracy_holds_only_when_the_fastest_is_not_the_busiest():
     small = run([0.97, 0.99], epoch_s=1.0, global_batch=32, samples_per_s=1000)
     large = run([0.90, 0.97], epoch_s=0.3, global_batch=512, samples_per_s=5000)
-    found, times, target = findings.time_to_accuracy([small, large])
+    found, times, target = nb01.time_to_accuracy([small, large])
     assert target == 0.96 and times == {32: 1.0, 512: 0.6}
     assert not found["time_to_accuracy"].holds, "the busiest batch was also the fastest"
     stuck = run([0.90, 0.92], epoch_s=0.3, global_batch=512, samples_per_s=5000)
-    found, _, _ = findings.time_to_accuracy([small, stuck])
+    found, _, _ = nb01.time_to_accuracy([small, stuck])
     assert found["time_to_accuracy"].holds
     assert "batch 512 never got there" in found["time_to_accuracy"].text
 
@@ -409,7 +418,7 @@ def test_time_to_accuracy_holds_only_when_the_fastest_is_not_the_busiest():
 def test_throughput_holds_only_when_the_largest_batch_trains_faster(largest_rate, holds):
     same_lr = [run([0.5, 0.99], global_batch=32, samples_per_s=1000),
                run([0.5, 0.98], global_batch=512, samples_per_s=largest_rate)]
-    found = findings.batch_size_sweep(same_lr, None, 32)
+    found = nb01.batch_size_sweep(same_lr, None, 32)
     assert found["throughput"].holds is holds
 
 
@@ -427,7 +436,7 @@ def test_the_toy_holds_only_when_one_sample_beats_the_full_batch(single_loss, ho
     problem = SimpleNamespace(best_params=lambda: (1.0, 2.0), loss=lambda w, b: 0.242)
     runs = [toy_run("full batch (64)", 3.359, 0.0), toy_run("batch 8", 0.409, 0.1),
             toy_run("single sample", single_loss, 0.47)]
-    found = findings.toy(runs, problem)
+    found = nb01.toy(runs, problem)
     assert found["toy"].holds is holds
     assert "best possible 0.242" in found["toy"].text and "47% of single sample" in \
         found["toy"].text
@@ -437,5 +446,5 @@ def test_the_toy_holds_only_when_one_sample_beats_the_full_batch(single_loss, ho
 def test_shard_metrics_hold_only_when_the_logged_accuracy_is_the_all_reduced_one(logged,
                                                                                  holds):
     per_rank = [{"accuracy": 1.0}, {"accuracy": 0.9889}]
-    found = findings.shard_metrics(per_rank, 0.9944, logged)
+    found = nb02.shard_metrics(per_rank, 0.9944, logged)
     assert found["shards"].holds is holds and "from 0.9889 to 1.0000" in found["shards"].text

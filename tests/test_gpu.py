@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from conftest import run_course_command
-from workshop_lib import checkpoint, data, faults, findings, launch, runlog, sweep
+from workshop_lib import checkpoint, data, faults, launch, runlog, sweep
+from workshop_lib.findings import keeping_accuracy_at_scale as nb03
+from workshop_lib.findings import when_things_go_wrong as nb04
 
 pytestmark = pytest.mark.slow
 FLAGS = ["--device", "cuda", "--dataset", "digits", "--epochs", "4", "--batch-size", "32",
@@ -38,7 +40,7 @@ def test_a_raising_rank_ends_an_nccl_job_fast(tmp_path):
     step = faults.step_in_epoch(2, data.steps_per_epoch(len(train_set), 2, 32))
     result = launch_ddp(tmp_path, "--inject-fault", f"raise@1:{step}")
     assert not result.ok and result.failed_rank == 1
-    assert result.fault_to_exit_s < findings.FAIL_FAST_S, result.summary()
+    assert result.fault_to_exit_s < nb04.FAIL_FAST_S, result.summary()
 
 
 @pytest.mark.gpu(2)
@@ -47,7 +49,7 @@ def test_a_hanging_rank_under_nccl_becomes_an_error(tmp_path):
     step = faults.step_in_epoch(2, data.steps_per_epoch(len(train_set), 2, 32))
     result = launch_ddp(tmp_path, "--inject-fault", f"hang@1:{step}", "--dist-timeout", "20")
     assert not result.ok
-    assert result.fault_to_exit_s < 20 + findings.FAIL_FAST_S, result.summary()
+    assert result.fault_to_exit_s < 20 + nb04.FAIL_FAST_S, result.summary()
 
 
 @pytest.mark.gpu(1)
@@ -70,7 +72,7 @@ def test_sync_batchnorm_makes_ranks_match_one_process_on_gpus(tmp_path):
                                  "workshop_lib.equivalence", "--device", "cuda",
                                  "--out", str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
-    found = findings.batchnorm(runlog.load_json(out))
+    found = nb03.batchnorm(runlog.load_json(out))
     assert found["bn_free"].holds and found["batchnorm"].holds
     assert found["sync_batchnorm"].holds, found["sync_batchnorm"].text
 

@@ -13,3 +13,16 @@ def test_the_module_map_lists_every_module():
     present |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert listed == present, (f"missing from the map: {sorted(present - listed)}; "
                                f"listed but gone: {sorted(listed - present)}")
+
+
+def test_no_module_is_longer_than_one_sitting():
+    """400 lines: a module a maintainer reads in one sitting (findings.py once had 999)."""
+    long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these by idea: {long}"
+
+
+def test_findings_has_one_module_per_notebook_named_like_it():
+    slugs = {p.stem[3:] for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    modules = {p.stem for p in (PACKAGE / "findings").glob("*.py")} - {"__init__", "base"}
+    assert modules == slugs

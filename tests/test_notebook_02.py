@@ -4,7 +4,8 @@ from its own run records."""
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import findings, profile, runlog
+from workshop_lib import profile, runlog
+from workshop_lib.findings import from_one_gpu_to_many as nb02
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 P = profile.get_profile("cpu", "digits", launches=profile.PROCESSES)
@@ -39,10 +40,10 @@ def test_one_device_against_n_processes_at_the_scaled_rate(executed):
         assert run.start["lr"] == pytest.approx(P.lr * P.nproc), "the linear rule"
         assert run.start["warmup_steps"] == run.start["steps_per_epoch"]
     assert all(run.final["val_acc"] >= 0.95 for run in one_device + scaled)
-    promise, rows = findings.same_accuracy_in_less_time(one_device, scaled)
+    promise, rows = nb02.same_accuracy_in_less_time(one_device, scaled)
     for finding in promise:
         assert finding.text in text
-    assert findings.worked_example_table(rows) in text
+    assert nb02.worked_example_table(rows) in text
     assert "3.4x" in text and "within 0.2 pp" in text
 
 
@@ -51,7 +52,7 @@ def test_benchmark_compares_scaling_with_the_bandwidth_floor(executed):
     bench = runlog.load_json(runs / "bench.json")
     weak = [r for r in bench["scaling"] if r["mode"] == "weak" and r["world_size"] == 2]
     assert weak and all(0 < r["predicted_efficiency"] <= 1.0 for r in weak)
-    for finding in findings.bench_scaling(bench):
+    for finding in nb02.bench_scaling(bench):
         assert finding.text in text
 
 

@@ -4,7 +4,8 @@ and a restart resumes only from its own job's checkpoint)."""
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import findings, runlog
+from workshop_lib import runlog
+from workshop_lib.findings import when_things_go_wrong as nb04
 
 pytestmark = pytest.mark.slow
 HANG_TIMEOUT_S = 15
@@ -24,13 +25,13 @@ def executions(tmp_path_factory):
 
 def test_every_failure_ends_as_the_notebook_says(executions):
     results, restarted, _ = executions[0]
-    found = findings.failures(results, 2, HANG_TIMEOUT_S, restarted)
+    found = nb04.failures(results, 2, HANG_TIMEOUT_S, restarted)
     assert [f.key for f in found] == ["crash", "hang", "restart"]
     assert all(f.holds for f in found), [f.text for f in found]
     crash, hang = results["crash"], results["hang"]
     assert crash["failed_rank"] == 1 and "InjectedFault" in crash["error"]
     assert hang["failed_rank"] == 0, "the rank left waiting reports the timeout"
-    assert HANG_TIMEOUT_S <= hang["fault_to_exit_s"] < HANG_TIMEOUT_S + findings.FAIL_FAST_S
+    assert HANG_TIMEOUT_S <= hang["fault_to_exit_s"] < HANG_TIMEOUT_S + nb04.FAIL_FAST_S
 
 
 def test_the_restart_resumes_from_its_own_first_checkpoint(executions):
@@ -61,6 +62,6 @@ def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(execu
 
 def test_summary_is_computed_and_torchrun_internals_stay_out(executions):
     results, restarted, text = executions[0]
-    for finding in findings.failures(results, 2, HANG_TIMEOUT_S, restarted):
+    for finding in nb04.failures(results, 2, HANG_TIMEOUT_S, restarted):
         assert finding.text in text
     assert "ChildFailedError" not in text

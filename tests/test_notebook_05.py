@@ -3,7 +3,8 @@ the GPU-only parts say why they did not run, and the exercise's reference passes
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import findings, profile, runlog
+from workshop_lib import profile, runlog
+from workshop_lib.findings import worked_example as nb05
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, papermill
 P = profile.get_profile("cpu", "digits")
@@ -22,7 +23,7 @@ def test_precision_runs_record_what_they_change(executed):
     assert {run.start["amp"] for run in precision.values()} == {"off", "bf16", "fp16"}
     for run in precision.values():
         assert run.final["val_acc"] >= 0.9 and run.epochs[0]["saved_activation_bytes"] > 0
-    for finding in findings.precision(precision):
+    for finding in nb05.precision(precision):
         assert finding.text in text
 
 
@@ -30,7 +31,7 @@ def test_the_remedies_keep_the_global_batch_and_save_memory(executed):
     runs, text = executed
     remedies = runlog.read_all(runs / "remedies")
     assert {run.start["global_batch_size"] for run in remedies.values()} == {4 * P.batch_size}
-    found = findings.remedies(remedies, "plain")
+    found = nb05.remedies(remedies, "plain")
     # Measured: accumulation saves 4x (a quarter of the batch per step), checkpointing half.
     assert found["smaller_batch_accumulate"].holds and found["checkpointing"].holds
     for finding in found:
@@ -41,13 +42,13 @@ def test_the_remedies_keep_the_global_batch_and_save_memory(executed):
 def test_accumulation_the_exercise_and_the_trace(executed):
     runs, text = executed
     equivalence = runlog.load_json(runs / "equivalence.json")
-    assert findings.accumulation(equivalence["accumulation"])["accumulation"].holds
+    assert nb05.accumulation(equivalence["accumulation"])["accumulation"].holds
     assert "PASS: global batch 256 in" in text
     assert "Skipped: DataParallel against DDP needs two GPUs" in text
     trace = runlog.load_json(runs / "trace" / "summary.json")
     assert trace["setup"]["world_size"] == P.nproc
     assert (runs / "trace" / "trace_rank0.json").is_file()
-    found = findings.step_time(trace)
+    found = nb05.step_time(trace)
     assert found["step_time"].holds, found["step_time"].text  # compute + exposed ~ the step
     assert found["step_time"].text in text
     if P.nproc > 1:  # the trace fitted the all-reduce floor on its own ranks

@@ -6,7 +6,8 @@ import nbformat
 import pytest
 
 from conftest import REPO, execute_notebook, notebook_text_outputs
-from workshop_lib import findings, runlog
+from workshop_lib import runlog
+from workshop_lib.findings import beyond_one_machine as nb06
 from workshop_lib.labs import beyond
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, papermill
@@ -39,7 +40,7 @@ def test_shards_and_memory_both_learn_in_one_launch(executed):
     assert from_shards.start["args"]["data_format"] == "shards"
     assert memory.start["world_size"] == from_shards.start["world_size"] == 2
     assert min(memory.final["val_acc"], from_shards.final["val_acc"]) >= LEARNING_BAR
-    for finding in findings.shards_vs_memory(memory, from_shards):
+    for finding in nb06.shards_vs_memory(memory, from_shards):
         assert finding.text in text
 
 

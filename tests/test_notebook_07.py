@@ -6,7 +6,8 @@ import pytest
 
 from conftest import REPO, execute_notebook, notebook_text_outputs
 from workshop_lib import allreduce_model as allreduce
-from workshop_lib import findings, runlog
+from workshop_lib import runlog
+from workshop_lib.findings import inside_ddp as nb07
 from workshop_lib.inside_ddp import comm_hooks, fsdp, replay
 from workshop_lib.labs import inside_ddp as lab
 
@@ -66,14 +67,14 @@ def test_one_launch_measured_every_part(executed):
     for name in ("powersgd_rank1", "powersgd_rank4"):
         assert hooks[name]["bytes_per_step"][0] == plain  # whole buckets first
         assert hooks[name]["bytes_per_step"][-1] < plain / 10
-    assert results["fsdp"]["max_difference"] < findings.SAME_PARAMETERS
+    assert results["fsdp"]["max_difference"] < nb07.SAME_PARAMETERS
     assert "compiled" not in results, "compile_ddp is False by default"
 
 
 def test_the_closing_summary_is_computed_from_the_notebooks_own_results(executed):
     notebook, text, results = executed
     name, parameters = fsdp.wide_resnet()
-    found = findings.inside_ddp(results, name, parameters)
+    found = nb07.summary(results, name, parameters)
     assert cell_text(notebook.cells[-1]) == "\n".join(f"- {f.text}" for f in found) + "\n"
     # The verdicts that do not hang on this machine's timing noise:
     for key in ("zero1_memory", "zero1_pytorch", "hook_fp16", "hook_bf16", "fsdp_same",
@@ -81,7 +82,7 @@ def test_the_closing_summary_is_computed_from_the_notebooks_own_results(executed
         assert found[key].holds, found[key].text
     assert found["compiled"].skipped and "compile_ddp is False" in found["compiled"].text
     assert comm_hooks.table(results["comm_hooks"]) in text
-    assert fsdp.table(findings.fsdp_memory_rows(parameters)) in text
+    assert fsdp.table(fsdp.memory_rows(parameters)) in text
     assert fsdp.held_table(results["fsdp"]) in text
     figures = [out for cell in notebook.cells for out in cell.get("outputs", [])
                if "image/png" in out.get("data", {})]

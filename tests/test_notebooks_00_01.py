@@ -7,7 +7,9 @@ the run records that execution wrote, and the printed summary against those reco
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import doctor, findings, profile, runlog
+from workshop_lib import doctor, profile, runlog
+from workshop_lib.findings import sgd_and_batch_size as nb01
+from workshop_lib.findings import welcome as nb00
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 
@@ -42,7 +44,7 @@ def test_welcome_first_run_is_a_learning_ddp_run_and_the_summary_reads_it(welcom
     assert run.start["world_size"] == WELCOME.nproc and run.start["backend"] == "gloo"
     assert run.start["global_batch_size"] == WELCOME.nproc * WELCOME.batch_size
     assert len(run.epochs) == 3 and run.end is not None
-    found = findings.welcome(run, WELCOME, num_classes=10)
+    found = nb00.welcome(run, WELCOME, num_classes=10)
     assert found["learned"].holds, found["learned"].text
     # Measured 0.93 after three epochs; ten classes, so guessing scores 0.10.
     assert run.final["val_acc"] > 0.7
@@ -75,7 +77,7 @@ def test_sweep_covers_one_to_sixteen_times_the_profile_batch_with_100_steps(swee
 
 def test_the_fixed_epoch_gap_and_the_linear_rule_from_the_records(sweep):
     same_lr, linear = sweep
-    found = findings.batch_size_sweep(same_lr, linear[0], SWEEP.batch_size)
+    found = nb01.batch_size_sweep(same_lr, linear[0], SWEEP.batch_size)
     # Measured: batch 512 at the base rate 0.961 against 0.994, training loss 80x higher;
     # the linear rule 0.992.
     assert found["gap"].holds, found["gap"].text
@@ -88,7 +90,7 @@ def test_batch_size_notebook_shows_the_exercise_widget_and_computed_summary(batc
     same_lr, linear = sweep
     text = notebook_text_outputs(notebook)
     assert "PASS: my_sgd takes the same" in text, "the reference solution passes the check"
-    for finding in findings.batch_size_sweep(same_lr, linear[0], SWEEP.batch_size):
+    for finding in nb01.batch_size_sweep(same_lr, linear[0], SWEEP.batch_size):
         assert finding.text in text
     assert "single sample ended at loss" in text
     widget_outputs = [out for cell in notebook.cells for out in cell.get("outputs", [])

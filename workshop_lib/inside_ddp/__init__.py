@@ -26,7 +26,7 @@ module, in the order notebook 07 ("Inside DDP") teaches them:
 - ``fsdp``: what a rank holds under DDP, ZeRO-1, ZeRO-2 and FSDP, from a parameter count,
   and FSDP2 (``fully_shard``) against DDP, measured; section 6.
 - ``experiments``: the notebook's one torchrun job, every measurement above in turn;
-  ``plots``: its figures (``findings`` judges its numbers).
+  ``plots``: its figures (``findings.inside_ddp`` judges its numbers).
 
 ``tests/test_inside_ddp.py`` checks every stage against one process and against PyTorch
 (DDP, ZeroRedundancyOptimizer), and that the comparison catches a broken variant.

@@ -12,7 +12,7 @@ makes each parameter a ``DTensor`` split along its first dimension over the rank
 
 - ``memory_per_rank``: bytes each rank holds under each scheme, from a parameter count
   (no activations, no all-gathered layer in flight, no DDP bucket buffers); for the
-  course's Wide ResNet (``wide_resnet``), in ``findings.fsdp_memory_rows``.
+  course's Wide ResNet (``wide_resnet``), in ``memory_rows``.
 - ``compare``: DDP and ``fully_shard`` trained with Adam from one start on the same
   batches (a collective): the largest parameter difference after a few steps, and the
   bytes each rank holds under each, measured from the tensors it keeps.
@@ -29,6 +29,7 @@ from workshop_lib.inside_ddp import replay
 
 BYTES, STATES = 4, 2  # float32; Adam's exp_avg and exp_avg_sq
 SCHEMES = ("ddp", "zero1", "zero2", "fsdp")
+WORLD_SIZES = (2, 4, 8)  # the GPU counts of the memory table
 STEPS, BATCH_SIZE, LR = 5, 32, 0.01
 
 
@@ -115,8 +116,16 @@ def compare(rank, world_size, device, dataset="digits", steps=STEPS, batch_size=
             "parameters": models.count_parameters(start), "steps": steps}
 
 
+def memory_rows(parameters, world_sizes=WORLD_SIZES):
+    """Bytes a rank holds (parameters, gradients, Adam state, float32) under DDP, ZeRO-1,
+    ZeRO-2 and FSDP, for a model of ``parameters`` on each of ``world_sizes`` GPUs."""
+    return [{"gpus": n, **{scheme: held["total"] for scheme, held in
+                           memory_per_rank(parameters, n).items()}}
+            for n in world_sizes]
+
+
 def table(rows):
-    """``findings.fsdp_memory_rows``: MiB per GPU under each scheme, one line per GPU count."""
+    """``memory_rows``: MiB per GPU under each scheme, one line per GPU count."""
     return runlog.format_table(
         [{"gpus": row["gpus"], **{s: row[s] / 2**20 for s in SCHEMES}} for row in rows],
         {"gpus": ("GPUs", "d"), **{s: (f"{s} MiB", ",.1f") for s in SCHEMES}})

@@ -2,7 +2,7 @@
 import matplotlib.pyplot as plt
 
 from workshop_lib import allreduce_model as allreduce
-from workshop_lib.findings import bucket_sweep_rows
+from workshop_lib.inside_ddp import timing
 
 VARIANTS = {"local": "local (no averaging)", "naive": "naive (after backward)",
             "overlap": "overlap (per gradient)", "buckets": "buckets (25 MB)",
@@ -65,7 +65,7 @@ def plot_bucket_sweep(results, ax=None):
     """Step time against bucket size, beside what the fitted all-reduce predicts (the
     local step plus the all-reduces one after the other: nothing overlapped)."""
     ax = _axes(ax)
-    rows = bucket_sweep_rows(results)
+    rows = timing.bucket_sweep_rows(results)
     local = results["timing"]["step_ms"]["local"]["median"]
     sizes = [row["bucket_bytes"] for row in rows]
     for row in rows:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
+from workshop_lib import allreduce_model as allreduce
 from workshop_lib import cli, data, distributed, models, naive_ddp, train_ddp
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 from workshop_lib.inside_ddp.buckets import BucketedDataParallel
@@ -110,6 +111,21 @@ def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits
             "messages": {name: messages(model) for name, (model, _) in runs.items()
                          if messages(model) is not None},
             "step_ms": {name: summary(v) for name, v in ms.items()}}
+
+
+def bucket_sweep_rows(results):
+    """The bucket-size sweep beside the all-reduce model: one row per bucket size, with the
+    all-reduces a step and the communication the fitted latency and bandwidth predict."""
+    timing, fit = results["timing"], results["allreduce_fit"]
+    names = sorted((n for n in timing["step_ms"] if n.startswith("buckets_")),
+                   key=lambda n: int(n.removeprefix("buckets_"))) + ["buckets"]
+    return [{"name": name, "bucket_bytes": int(name.removeprefix("buckets_")) if "_" in name
+             else 25 * 2**20, "all_reduces": len(timing["messages"][name]),
+             "step_ms": timing["step_ms"][name]["median"],
+             "predicted_ms": 1000 * allreduce.predicted_s(fit, timing["world_size"],
+                                                          timing["messages"][name])}
+            for name in names]
+
 
 
 @exit_cleanly_on_course_error

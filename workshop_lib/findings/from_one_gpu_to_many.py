@@ -1,0 +1,137 @@
+"""Notebook 02, From one GPU to many with DDP: its closing findings, computed from its runs."""
+from workshop_lib import runlog
+from workshop_lib.findings import base
+from workshop_lib.findings.base import Finding, Findings, mean, skipped
+
+
+def one_vs_many(single, ddp):
+    """1 process against N processes at the same per-process batch (weak scaling)."""
+    n = ddp.start["world_size"]
+    if n < 2:
+        return Findings([skipped("speedup", "the DDP run had one process, so there is no "
+                                            "speed-up to measure (nproc is 1).")])
+    speedup = ddp.samples_per_s / single.samples_per_s
+    return Findings([Finding(
+        "speedup",
+        f"{n} processes trained at {ddp.samples_per_s:,.0f} samples/s against "
+        f"{single.samples_per_s:,.0f} for one process: a {speedup:.2f}x speed-up, scaling "
+        f"efficiency {speedup / n:.2f} (global batch {ddp.start['global_batch_size']} "
+        f"against {single.start['global_batch_size']}).", holds=speedup > 1)])
+
+
+def shard_metrics(per_rank, global_accuracy, logged_accuracy):
+    """Each rank's shard accuracy against the all-reduced one the DDP run logged."""
+    low, high = min(r["accuracy"] for r in per_rank), max(r["accuracy"] for r in per_rank)
+    return Findings([Finding(
+        "shards", f"Rank shards' accuracies ranged from {low:.4f} to {high:.4f}; the "
+                  f"all-reduced {global_accuracy:.4f} (logged by the run: "
+                  f"{logged_accuracy:.4f}) is the model's validation accuracy.",
+        holds=abs(global_accuracy - logged_accuracy) < 1e-9)])
+
+
+def bench_scaling(bench):
+    """The benchmark's weak-scaling efficiency against its all-reduce-floor prediction."""
+    if bench is None:
+        return Findings([skipped("bench", "the benchmark needs two processes or more.")])
+    weak = [r for r in bench["scaling"] if r["mode"] == "weak" and r["world_size"] > 1]
+    return Findings([Finding(
+        f"bench_{r['config']}",
+        f"The benchmark's {r['config']} step (batch {r['batch_size']} per process, "
+        f"{r['world_size']} processes): weak-scaling efficiency "
+        f"{r['efficiency']['median']:.2f} measured against {r['predicted_efficiency']:.2f} "
+        f"predicted from the all-reduce floor.") for r in weak])
+
+
+def from_scratch(check):
+    """The from-scratch wrapper against DistributedDataParallel (``naive_ddp`` output)."""
+    difference = check["max_abs_difference"]
+    same = difference < 1e-5
+    return Findings([Finding(
+        "from_scratch", f"Two collectives (broadcast, all-reduce) reproduce DDP: largest "
+                        f"parameter difference after {check['steps']} steps {difference:.1e} "
+                        f"(the bar: 1e-5, float32 rounding)." if same else
+        f"The from-scratch wrapper differs from DDP by {difference:.1e} after "
+        f"{check['steps']} steps (more than the 1e-5 of float32 rounding).", holds=same)])
+
+
+# The worked example this course follows: one A100 at batch 64 (FP16), then 4 A100s at
+# batch 256 with the learning rate scaled linearly: 12 h -> 3.5 h per epoch, the same
+# accuracy within 0.2 percentage points of the single-GPU baseline.
+SOURCE = {"devices": 4, "epoch_hours": (12.0, 3.5), "speedup": 12.0 / 3.5,
+          "tolerance_pp": 0.2}
+TARGET_FRACTION = 0.98  # time to target: the target is this fraction of the baseline's mean
+
+
+def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_pp"]):
+    """1 device against N at the global batch with the learning rate scaled, several seeds
+    each (``baseline`` and ``scaled``: lists of Runs). Returns (Findings, table rows)."""
+    n = scaled[0].start["world_size"]
+    base_acc = [run.final["val_acc"] for run in baseline]
+    scaled_acc = [run.final["val_acc"] for run in scaled]
+    target = round(TARGET_FRACTION * mean(base_acc), 3)
+    epoch_s = {name: mean([mean(run.column("epoch_s")[1:] or run.column("epoch_s"))
+                            for run in runs]) for name, runs in (("base", baseline),
+                                                                 ("scaled", scaled))}
+    reach = {name: [runlog.time_to_accuracy(run, target) for run in runs]
+             for name, runs in (("base", baseline), ("scaled", scaled))}
+    delta_pp = 100 * (mean(scaled_acc) - mean(base_acc))
+    spread_pp = max(base.spread_pp(base_acc), base.spread_pp(scaled_acc))
+    found = Findings()
+    if n < 2:
+        found.append(skipped("speedup", "the scaled runs had one process: no speed-up to "
+                                        "measure (nproc is 1)."))
+    else:
+        epoch_speedup = epoch_s["base"] / epoch_s["scaled"]
+        found.append(Finding(
+            "epoch_speedup", f"An epoch took {epoch_s['base']:.2f} s on 1 device and "
+                             f"{epoch_s['scaled']:.2f} s on {n}: {epoch_speedup:.2f}x "
+                             f"(the worked example: {SOURCE['speedup']:.1f}x on "
+                             f"{SOURCE['devices']} GPUs).", holds=epoch_speedup > 1))
+        if all(t is not None for t in reach["base"] + reach["scaled"]):
+            target_speedup = mean(reach["base"]) / mean(reach["scaled"])
+            found.append(Finding(
+                "target_speedup", f"Time to {target:.3f} validation accuracy "
+                                  f"({TARGET_FRACTION:.0%} of the baseline's mean): "
+                                  f"{mean(reach['base']):.2f} s on 1 device, "
+                                  f"{mean(reach['scaled']):.2f} s on {n}: "
+                                  f"{target_speedup:.2f}x.", holds=target_speedup > 1))
+        else:
+            missed = sum(t is None for t in reach["scaled"])
+            found.append(Finding(
+                "target_speedup", f"{missed} of {len(scaled)} scaled runs never reached "
+                                  f"{target:.3f}: no time-to-accuracy speed-up to report.",
+                holds=False))
+    if spread_pp > tolerance_pp:
+        found.append(Finding(
+            "same_accuracy", f"Accuracy: {100 * mean(base_acc):.2f}% on 1 device, "
+                             f"{100 * mean(scaled_acc):.2f}% on {n} ({delta_pp:+.2f} pp); "
+                             f"whether that is within {tolerance_pp} pp is not shown here: "
+                             f"the seeds alone spread the accuracy over {spread_pp:.2f} pp.",
+            holds=None))
+    else:
+        within = abs(delta_pp) <= tolerance_pp
+        found.append(Finding(
+            "same_accuracy", f"Accuracy: {100 * mean(base_acc):.2f}% on 1 device, "
+                             f"{100 * mean(scaled_acc):.2f}% on {n} ({delta_pp:+.2f} pp, seeds "
+                             f"spread {spread_pp:.2f} pp): "
+                             + (f"within the {tolerance_pp} pp tolerance." if within else
+                                f"NOT within the {tolerance_pp} pp tolerance."), holds=within))
+    rows = [{"setup": "1 device", "devices": 1,
+             "epoch_s": epoch_s["base"], "speedup": 1.0, "accuracy": mean(base_acc),
+             "delta_pp": 0.0, "source_epoch": f"{SOURCE['epoch_hours'][0]:g} h",
+             "source_speedup": "1.0x", "source_delta": "baseline"},
+            {"setup": f"{n} devices, lr x{n}", "devices": n, "epoch_s": epoch_s["scaled"],
+             "speedup": epoch_s["base"] / epoch_s["scaled"], "accuracy": mean(scaled_acc),
+             "delta_pp": delta_pp, "source_epoch": f"{SOURCE['epoch_hours'][1]:g} h",
+             "source_speedup": f"{SOURCE['speedup']:.1f}x",
+             "source_delta": f"within {SOURCE['tolerance_pp']} pp"}]
+    return found, rows
+
+
+def worked_example_table(rows):
+    """The worked example's table: measured here, beside the source's figures."""
+    return runlog.format_table(rows, {
+        "setup": ("setup", ""), "epoch_s": ("s per epoch", ".2f"), "speedup": ("speed-up", ".2f"),
+        "accuracy": ("val acc", ".4f"), "delta_pp": ("delta pp", "+.2f"),
+        "source_epoch": ("source: per epoch", ""), "source_speedup": ("source: speed-up", ""),
+        "source_delta": ("source: accuracy", "")})

@@ -1,0 +1,92 @@
+"""Notebook 03, Keeping accuracy at scale: its closing findings, computed from its runs."""
+from workshop_lib.findings.base import Finding, Findings, skipped
+from workshop_lib.findings.sgd_and_batch_size import (
+    GAP_PP,
+    RECOVERED,
+    fixed_epoch_gap,
+    rule_restores,
+)
+
+
+def _rescue(name, what, broken, rescued, reference):
+    """Whether ``rescued`` wins back at least RECOVERED of what ``broken`` lost against
+    ``reference``."""
+    lost = reference.final["val_acc"] - broken.final["val_acc"]
+    won = rescued.final["val_acc"] - broken.final["val_acc"]
+    holds = lost > 0 and won >= RECOVERED * lost
+    if lost <= 0:
+        verdict = "nothing was lost to win back."
+    elif won < 0:
+        verdict = (f"{-100 * won:.1f} pp below the broken run itself: no rescue here "
+                   f"(the bar: {RECOVERED:.0%} of the loss won back).")
+    else:
+        verdict = f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})."
+    return Finding(name, f"{what}: {rescued.final['val_acc']:.3f} (lr "
+                         f"{rescued.start['lr']:.3g}); {verdict}", holds=holds)
+
+
+def accuracy_at_scale(base, hot, hot_factor):
+    """Notebook 03's sweeps: ``base`` and ``hot`` map run names to Runs (the same epochs,
+    seed and large batch; ``hot`` from a base rate ``hot_factor`` times larger)."""
+    small, large = base["small"], base["large_same_lr"]
+    found = Findings([
+        Finding("budget", f"Every run below: {len(small.epochs)} epochs, seed "
+                          f"{small.start['args']['seed']}, batch "
+                          f"{small.start['global_batch_size']} (small) or "
+                          f"{large.start['global_batch_size']} (large, "
+                          f"{large.start['steps_per_epoch'] * len(large.epochs)} steps)."),
+        fixed_epoch_gap(small, large),
+        rule_restores(small, large, base["large_linear"], "linear"),
+        rule_restores(small, large, base["large_sqrt"], "sqrt"),
+    ])
+    hot_small, broken = hot["small"], hot["large_linear"]
+    fine = hot_small.final["val_acc"] >= small.final["val_acc"] - GAP_PP / 100
+    found.append(Finding("hot_small", f"A base rate {hot_factor:g}x larger "
+                                      f"({hot_small.start['lr']:.3g}) at the small batch: "
+                                      f"{hot_small.final['val_acc']:.3f}, "
+                         + ("as good as the base rate (within the gap bar)." if fine else
+                            "already worse than the base rate: it is too hot even there."),
+                         holds=fine))
+    drop_pp = 100 * (hot_small.final["val_acc"] - broken.final["val_acc"])
+    breaks = drop_pp >= GAP_PP
+    found.append(Finding("linear_breaks", f"Scaled linearly from it (lr "
+                                          f"{broken.start['lr']:.3g}): "
+                                          f"{broken.final['val_acc']:.3f}, {drop_pp:.1f} pp "
+                                          f"below the small batch at that rate: "
+                         + ("the linear rule breaks here." if breaks else
+                            f"within {GAP_PP} pp, so it does not break at this budget."),
+                         holds=breaks))
+    for key, what in (("large_linear_warmup", "Gradual warmup from the base rate"),
+                      ("large_sqrt", "The square-root rule"),
+                      ("large_lars", "LARS at the linear rate")):
+        found.append(_rescue(f"hot_{key.removeprefix('large_')}", what, broken, hot[key],
+                             hot_small))
+    return found
+
+
+def batchnorm(equivalence):
+    """N ranks x batch b against one process with batch N x b, with and without BatchNorm
+    (``python -m workshop_lib.equivalence``'s result)."""
+    if equivalence is None:
+        return Findings([skipped("batchnorm", "comparing ranks with one process needs two "
+                                              "ranks or more; this execution ran one.")])
+    diff = equivalence["max_abs_difference"]
+    tolerance = 1e-5
+    found = Findings([Finding(
+        "bn_free", f"Without BatchNorm, {equivalence['world_size']} ranks x batch "
+                   f"{equivalence['batch_size']} and one process x batch "
+                   f"{equivalence['world_size'] * equivalence['batch_size']} end "
+                   f"{diff['bn_free']:.1e} apart after {equivalence['steps']} steps: the same "
+                   f"(float rounding, under {tolerance:.0e}).", holds=diff["bn_free"] < tolerance),
+        Finding("batchnorm", f"With BatchNorm they end {diff['batchnorm']:.1e} apart: each rank "
+                             f"normalises with its own {equivalence['batch_size']} samples' "
+                             f"statistics, so a DDP job is not one process with the global "
+                             f"batch.", holds=diff["batchnorm"] >= tolerance)])
+    if "sync_batchnorm" in diff:
+        found.append(Finding("sync_batchnorm", f"With SyncBatchNorm: {diff['sync_batchnorm']:.1e}"
+                                               f" apart: the global batch's statistics again.",
+                             holds=diff["sync_batchnorm"] < tolerance))
+    else:
+        found.append(skipped("sync_batchnorm", "SyncBatchNorm needs CUDA tensors; on GPUs this "
+                                               "cell shows it matching one process."))
+    return found

@@ -1,0 +1,102 @@
+"""Notebook 05, The worked example: its closing findings, computed from its runs."""
+from workshop_lib.findings.base import Finding, Findings, skipped
+
+SAVES_LESS = 0.6   # a remedy "saves memory" when a step saves at most this share of the base
+SAME_ACC_PP = 1.0  # accuracies this close (percentage points) are "the same" at this scale
+
+
+def _saved_mib(run):
+    return run.epochs[0]["saved_activation_bytes"] / 2**20
+
+
+def precision(runs):
+    """fp32 against bf16 and fp16 (``runs``: name -> Run; "fp32" is the reference)."""
+    base = runs["fp32"]
+    found = Findings()
+    for name in ("bf16", "fp16"):
+        if name not in runs:
+            continue
+        run = runs[name]
+        speed = run.samples_per_s / base.samples_per_s
+        saved = _saved_mib(run) / _saved_mib(base)
+        delta = 100 * (run.final["val_acc"] - base.final["val_acc"])
+        found.append(Finding(
+            name, f"{name}: {speed:.2f}x fp32's samples/s, {saved:.2f}x its activations saved "
+                  f"for backward, validation accuracy {delta:+.1f} pp ("
+                  + ("the same within" if abs(delta) < SAME_ACC_PP else "more than")
+                  + f" {SAME_ACC_PP} pp).", holds=abs(delta) < SAME_ACC_PP))
+    return found
+
+
+def remedies(runs, base_name):
+    """The out-of-memory remedies at one global batch: what each saves for backward and
+    what it costs in speed, against ``base_name``."""
+    base = runs[base_name]
+    found = Findings()
+    for name, run in runs.items():
+        if name == base_name:
+            continue
+        saved = _saved_mib(run) / _saved_mib(base)
+        speed = run.samples_per_s / base.samples_per_s
+        found.append(Finding(
+            name, f"{name}: a step saves {_saved_mib(run):.2f} MiB for backward, {saved:.2f}x "
+                  f"the {_saved_mib(base):.2f} MiB of {base_name} ("
+                  + ("less memory" if saved <= SAVES_LESS else "no real saving")
+                  + f", the bar {SAVES_LESS:.0%}), at {speed:.2f}x its samples/s; global batch "
+                    f"{run.start['global_batch_size']}, validation accuracy "
+                    f"{run.final['val_acc']:.3f}.", holds=saved <= SAVES_LESS))
+    return found
+
+
+def accumulation(measured):
+    """``equivalence``'s accumulation figures: the same step, and the all-reduces saved."""
+    calls = measured["all_reduces"]
+    same = measured["max_abs_difference"] < 1e-5
+    return Findings([Finding(
+        "accumulation", f"{measured['micro_batches']} accumulated micro-batches and one batch "
+                        f"of them all end {measured['max_abs_difference']:.1e} apart (the bar: "
+                        f"1e-05, float rounding); the script's no_sync() loop all-reduced "
+                        f"{calls['accumulated']} time(s) per step, the loop without it "
+                        f"{calls['accumulated_without_no_sync']}.",
+        holds=same and calls["accumulated"] < calls["accumulated_without_no_sync"])])
+
+
+def dataparallel(result):
+    """``python -m workshop_lib.dataparallel``'s comparison, or why it did not run."""
+    if result is None:
+        return Findings([skipped("dataparallel", "DataParallel against DDP needs two GPUs "
+                                                 "or more; this machine has fewer.")])
+    imbalance = result["gpu0_memory_over_mean_of_others"]
+    return Findings([Finding(
+        "dataparallel", f"On {result['gpus']} GPUs, DDP trained "
+                        f"{result['speedup_ddp_over_dp']:.2f}x DataParallel's samples/s; GPU 0 "
+                        f"held {imbalance['data_parallel']:.2f}x "
+                        f"the others' memory under DataParallel, {imbalance['ddp']:.2f}x under "
+                        f"DDP.", holds=result["speedup_ddp_over_dp"] > 1)])
+
+
+ACCOUNTED = 0.2  # compute + exposed communication within this share of the measured step
+
+
+def step_time(summary, floor_ms=None):
+    """``python -m workshop_lib.trace``'s summary: where rank 0's median step went; against
+    the all-reduce floor for the model's gradients: ``floor_ms``, or the one the trace
+    fitted on its own ranks (none with one rank)."""
+    if floor_ms is None and summary.get("floor"):
+        floor_ms = summary["floor"]["floor_ms"]
+    rank0 = summary["ranks"][0]["median"]
+    accounted = rank0["accounted"]["median"]
+    holds = abs(accounted - 1) <= ACCOUNTED
+    said = (f"Rank 0's median step: {rank0['measured_ms']:.2f} ms measured; compute "
+            f"{rank0['compute_ms']:.2f} ms, gradient all-reduce {rank0['communication_ms']:.2f} "
+            f"ms, of it {rank0['overlapped_ms']:.2f} ms beside compute and "
+            f"{rank0['exposed_ms']:.2f} ms exposed (the step waited). Compute + exposed = "
+            f"{accounted:.2f}x the measured step (the bar: within {ACCOUNTED:.0%}).")
+    if floor_ms is not None:
+        said += (f" The all-reduce floor for {summary['setup']['gradient_bytes'] / 2**20:.2f} "
+                 f"MB of gradients here: {floor_ms:.2f} ms; exposed is "
+                 f"{rank0['exposed_ms'] / floor_ms:.1f}x it"
+                 + ("; the excess over the floor is the all-reduce waiting (for the other rank, or "
+                    "for a core), not bytes moving."
+                    if rank0["exposed_ms"] > 1.5 * floor_ms else "."))
+    return Findings([Finding("step_time", said, holds=holds)])
