@@ -52,6 +52,7 @@ What the notebooks call
 - ``widgets``        the batch-size explorer
 - ``plots``          plots of run records
 - ``gpu_check``      ``make gpu-check``: the instructor's check of a GPU image
+- ``day``            the sessions of the day: the one source of the day table
 """
 import os
 
