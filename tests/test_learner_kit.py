@@ -285,9 +285,11 @@ print(json.dumps(app.config.Execute.get("timeout")))
 
 
 @pytest.mark.slow
-def test_the_course_runs_from_the_kit_alone(kit, tmp_path):
+def test_the_course_runs_from_the_kit_alone(tmp_path):
     """In the kit's workspace, with the kit's library: the assessment's visible tests pass
     a correct script under nbgrader's Validate, and notebook 00 runs with its exercise."""
+    kit = tmp_path / "kit"
+    make_kit.make_kit(kit)
     env = kit_env(kit, tmp_path)
     workspace = kit / "workspace"
     subprocess.run([sys.executable, "jupyter/learner/make_workspace.py", "workspace"],
