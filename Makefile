@@ -5,6 +5,7 @@
 #   make test-fast  the tests that start no processes (under a minute): everyday work
 #   make check-labs every exercise's check fails its stub and passes its solution
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
+#   make learner-kit KIT=DIR  what learners' machines and images get: no solution, no tests
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,18 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab instructor test test-fast check-labs gpu-check doctor lint html bench clean
+.PHONY: setup lab instructor test test-fast check-labs gpu-check learner-kit doctor lint html \
+	bench clean
+
+# The learner kit (make learner-kit, below) is this repository without tests/ and the
+# instructor's part of assessment/: the targets that need those say so there, before
+# anything runs.
+REPOSITORY_ONLY := test test-fast lint instructor gpu-check learner-kit
+ifeq ($(wildcard tests),)
+ifneq ($(filter $(REPOSITORY_ONLY),$(MAKECMDGOALS)),)
+$(error make $(filter $(REPOSITORY_ONLY),$(MAKECMDGOALS)): not in the learner kit, which has no tests/ and no instructor's assessment/; run it in the course repository)
+endif
+endif
 
 setup: $(STAMP)
 
@@ -76,6 +88,14 @@ test-fast: setup
 # it too, in tests/test_labs.py).
 check-labs: setup
 	$(BIN)/python -m workshop_lib.labs check
+
+# What a learner's machine or image gets, in the new folder KIT: the repository's tracked
+# files less tests/, .ci/ and assessment/ but its release/, no git history; `make lab`, the
+# notebooks, the exercises' checks and the assessment's Validate work there
+# (jupyter/learner/make_kit.py). Build learner images from it, never from a clone.
+KIT ?= build/learner-kit
+learner-kit: setup
+	$(BIN)/python jupyter/learner/make_kit.py $(KIT)
 
 # The instructor's check of a GPU workstation image: GPU-marked tests, every notebook with
 # the GPU profile, the quick bench; the report goes to build/gpu-check/.
