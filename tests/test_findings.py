@@ -442,9 +442,23 @@ def test_the_toy_holds_only_when_one_sample_beats_the_full_batch(single_loss, ho
         found["toy"].text
 
 
-@pytest.mark.parametrize("logged,holds", [(0.9944, True), (0.9889, False)])
-def test_shard_metrics_hold_only_when_the_logged_accuracy_is_the_all_reduced_one(logged,
-                                                                                 holds):
-    per_rank = [{"accuracy": 1.0}, {"accuracy": 0.9889}]
-    found = nb02.shard_metrics(per_rank, 0.9944, logged)
-    assert found["shards"].holds is holds and "from 0.9889 to 1.0000" in found["shards"].text
+@pytest.mark.parametrize("device, samples, correct_apart, holds", [
+    ("cpu", 360, 0, True),  # a CPU run: the re-evaluation counts exactly the same
+    ("cpu", 360, 1, False),
+    ("cuda:0", 360, 2, True),  # TF32 flips: at least 2 samples allowed
+    ("cuda:0", 360, 3, False),
+    ("cuda:3", 10_000, 10, True),  # 0.1% of the samples
+    ("cuda:3", 10_000, 11, False),
+])
+def test_shard_metrics_hold_when_the_logged_accuracy_is_the_all_reduced_one(
+        device, samples, correct_apart, holds):
+    per_rank = [{"accuracy": 1.0, "samples": samples // 2},
+                {"accuracy": 0.9889, "samples": samples // 2}]
+    correct = samples // 2 + round(0.9889 * samples // 2)
+    found = nb02.shard_metrics(per_rank, correct / samples,
+                               (correct - correct_apart) / samples, device)["shards"]
+    assert found.holds is holds and "from 0.9889 to 1.0000" in found.text
+    assert f"on {device}" in found.text
+    assert f"{correct_apart} of {samples} predictions apart" in found.text
+    allowed = 0 if device == "cpu" else max(2, samples // 1000)
+    assert (f"up to {allowed} allowed" if allowed else "must match exactly") in found.text

@@ -1,18 +1,22 @@
-"""The step timeline: interval arithmetic and event reading on hand-built traces, the
-summary, its table and plot, the command's errors, and one real 2-rank CPU run (slow).
+"""The step timeline: interval arithmetic and event reading on hand-built traces and on
+real traces of multi-GPU jobs (tests/fixtures/kineto), the summary, its table and plot,
+the command's errors, and one real 2-rank CPU run (slow).
 
 The hand-built traces below follow the shape ``torch.profiler`` exports in torch 2.14: on
 a CPU the training thread launches ``c10d::allreduce_`` and a ``pt_gloo_runloop``
 thread runs ``gloo:all_reduce``; on GPUs NCCL's all-reduce is a ``ncclDevKernel_...``
 kernel on its own stream. Times are in microseconds, as in the trace files.
 """
+import gzip
+import hashlib
 import json
 
 import matplotlib
+import numpy as np
 import pytest
 
 import workshop_lib.trace.__main__ as command
-from conftest import run_course_command
+from conftest import REPO, run_course_command
 from workshop_lib import plots
 from workshop_lib.trace import timeline
 
@@ -99,9 +103,9 @@ def test_a_work_waiting_for_a_gloo_thread_counts_from_its_launch():
     assert figures["exposed_ms"] == pytest.approx(0.6)  # 100..700: queued, then the work
 
 
-def test_gpu_step_reads_kernels_and_nccl():
+def gpu_step_events():
     nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-    events = [
+    return [
         step(0, 0, 10_000),
         op("aten::conv2d", 0, 300),  # host launches: not the GPU's compute
         op("nccl:all_reduce", 300, 320),
@@ -113,12 +117,46 @@ def test_gpu_step_reads_kernels_and_nccl():
            cat="kernel", pid=0),  # NCCL before 2.19 names its kernels so
         op("void later_kernel", 11_000, 12_000, tid=7, cat="kernel", pid=0),  # next step
     ]
-    [figures] = timeline.analyse_trace(events)
+
+
+def test_gpu_step_reads_kernels_and_nccl():
+    [figures] = timeline.analyse_trace(gpu_step_events())
     assert figures["collectives"] == 2
     assert figures["compute_ms"] == pytest.approx(4.0 + 0.5)
     assert figures["communication_ms"] == pytest.approx(2.0 + 0.5)
     assert figures["overlapped_ms"] == pytest.approx(1.0)
     assert figures["exposed_ms"] == pytest.approx(1.0 + 0.5)
+
+
+def with_gpu_mirrors(events):
+    """``events`` plus what Kineto adds on GPUs: each host span (``user_annotation``)
+    mirrored onto every GPU stream that ran work inside it, as a ``gpu_user_annotation``
+    of the same name from that stream's first to its last piece of work there. (Kineto
+    mirrors each kernel's innermost span only; mirroring every enclosing one too is the
+    harder case.)"""
+    device = [e for e in events if e.get("cat") in timeline.DEVICE_CATEGORIES]
+    mirrors = []
+    for host in (e for e in events if e.get("cat") == "user_annotation"):
+        start, end = timeline.span(host)
+        streams = {}
+        for e in device:
+            if start <= e["ts"] < end:
+                streams.setdefault((e["pid"], e["tid"]), []).append(timeline.span(e))
+        for (pid, tid), spans in sorted(streams.items()):
+            mirrors.append({"ph": "X", "cat": "gpu_user_annotation", "name": host["name"],
+                            "pid": pid, "tid": tid, "ts": min(s for s, _ in spans),
+                            "dur": max(e for _, e in spans) - min(s for s, _ in spans)})
+    return events + mirrors
+
+
+def test_gpu_step_spans_mirrored_on_the_streams_count_once():
+    """On GPUs each ``course step`` span is mirrored onto the compute stream and NCCL's
+    stream: still one step, with the same figures."""
+    events = with_gpu_mirrors(gpu_step_events())
+    mirrors = [e for e in events if e["cat"] == "gpu_user_annotation"
+               and e["name"].startswith(timeline.STEP_PREFIX)]
+    assert {e["tid"] for e in mirrors} == {7, 20}  # the compute stream and NCCL's
+    assert timeline.analyse_trace(events) == timeline.analyse_trace(gpu_step_events())
 
 
 def test_steps_are_separate_and_in_order():
@@ -128,6 +166,97 @@ def test_steps_are_separate_and_in_order():
     assert [s["step"] for s in steps] == [0, 1]
     assert steps[0]["exposed_ms"] == pytest.approx(steps[1]["exposed_ms"])
     assert steps[1]["start_us"] - steps[0]["start_us"] == 20_000
+
+
+# -- Real traces of multi-GPU jobs (tests/fixtures/kineto/README.md) ---------------------
+
+KINETO = REPO / "tests/fixtures/kineto"
+# trace: (its ProfilerStep numbers, NCCL kernels inside them), counted once by hand
+REAL_TRACES = {"ddp_2gpu_rank0_nccl_data": ([4, 5, 6], 21),
+               "sampled_128gpu_rank0": ([551, 552], 10),
+               "sampled_128gpu_rank1": ([551, 552], 10)}
+
+
+def real_trace(name):
+    with gzip.open(KINETO / f"{name}.json.gz") as f:
+        return json.load(f)["traceEvents"]
+
+
+def swept_figures(events, start, end):
+    """The step's figures another way: cut the step at every device event's start and
+    end, and look at what runs in each piece (numpy, no interval arithmetic)."""
+    device = [e for e in events if e.get("ph") == "X" and "dur" in e
+              and e.get("cat") in timeline.DEVICE_CATEGORIES
+              and e["ts"] < end and e["ts"] + e["dur"] > start]
+    nccl = np.array([timeline.is_nccl_kernel(e) for e in device])
+    starts = np.clip([e["ts"] for e in device], start, end)
+    ends = np.clip([e["ts"] + e["dur"] for e in device], start, end)
+    cuts = np.unique(np.concatenate([starts, ends, [start, end]]))
+    middles, widths = (cuts[:-1] + cuts[1:]) / 2, np.diff(cuts)
+    running = (starts[:, None] <= middles) & (middles < ends[:, None])  # event x piece
+    communicating, computing = running[nccl].any(axis=0), running[~nccl].any(axis=0)
+    return {"compute_ms": widths[computing].sum() / 1e3,
+            "communication_ms": widths[communicating].sum() / 1e3,
+            "overlapped_ms": widths[communicating & computing].sum() / 1e3,
+            "exposed_ms": widths[communicating & ~computing].sum() / 1e3,
+            "collectives": int(nccl.sum())}
+
+
+def test_the_real_traces_are_the_upstream_files():
+    readme = (KINETO / "README.md").read_text()
+    for name in REAL_TRACES:
+        digest = hashlib.sha256((KINETO / f"{name}.json.gz").read_bytes()).hexdigest()
+        assert f"{digest}  {name}.json.gz" in readme
+
+
+@pytest.mark.parametrize("name", REAL_TRACES)
+def test_real_multi_gpu_traces_read_step_by_step(name):
+    """Steps from the profiler's ProfilerStep spans (no course spans there), each counted
+    once; compute, NCCL and their overlap as a sweep over the device events finds them."""
+    events = real_trace(name)
+    numbers, nccl_kernels = REAL_TRACES[name]
+    assert sum(timeline.is_nccl_kernel(e) for e in events) == nccl_kernels
+    steps = timeline.analyse_trace(events)
+    assert [s["step"] for s in steps] == numbers
+    assert sum(s["collectives"] for s in steps) == nccl_kernels
+    for figures, span in zip(steps, timeline.step_spans(events), strict=True):
+        start, end = timeline.span(span)
+        expected = swept_figures(events, start, end)
+        assert figures["collectives"] == expected.pop("collectives")
+        for key, value in expected.items():
+            assert figures[key] == pytest.approx(value, abs=1e-6), key
+        assert figures["compute_ms"] + figures["exposed_ms"] + figures["other_ms"] == \
+            pytest.approx(figures["step_ms"])
+        assert 0 < figures["overlapped_ms"] < figures["communication_ms"] < figures["step_ms"]
+
+
+def test_a_real_ddp_trace_written_as_the_course_writes_it():
+    """The DDP trace with its steps named as the course names them, and mirrored onto the
+    GPU streams as Kineto mirrors them: the same three steps, the same figures."""
+    events = real_trace("ddp_2gpu_rank0_nccl_data")
+    renamed = [dict(e, name=e["name"].replace(timeline.PROFILER_STEP_PREFIX,
+                                               timeline.STEP_PREFIX))
+               if e.get("cat") == "user_annotation" else e for e in events]
+    course = with_gpu_mirrors(renamed)
+    assert sum(e.get("cat") == "gpu_user_annotation" and e["name"].startswith(
+        timeline.STEP_PREFIX) for e in course) > 3  # mirrored on several streams
+    assert timeline.analyse_trace(course) == timeline.analyse_trace(events)
+
+
+def test_two_real_ranks_summarise_on_their_common_clock():
+    """Two ranks of one real job through the command's summary: one origin for both."""
+    args = command.parse_args(["--model", "cnn", "--batch-size", "32", "--steps", "2"])
+    records = []
+    for rank in (0, 1):
+        steps = [dict(s, measured_ms=s["step_ms"])
+                 for s in timeline.analyse_trace(real_trace(f"sampled_128gpu_rank{rank}"))]
+        records.append({"rank": rank, "trace": f"rank{rank}", "unprofiled_step_ms": 600.0,
+                        "facts": {"parameters": 0, "gradient_bytes": 0, "dataset": "real"},
+                        "steps": steps})
+    summary = command.summarise(records, args, command.hardware.pick_device("cpu"), 2, 1)
+    firsts = [r["steps"][0]["start_ms"] for r in summary["ranks"]]
+    assert firsts[0] == 0 and firsts[1] == pytest.approx(0.192)  # 192 us apart
+    assert summary["accounted"]["n"] == 4
 
 
 def steps_with(measured_ms):

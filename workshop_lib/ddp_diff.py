@@ -28,7 +28,9 @@ DDP_STEPS = {
                                                   r"|destroy_process_group|abort\(\)"
                                                   r"|dist-timeout|\bdistributed\b)",
     "rank layout from torchrun": r"\b(rank|local_rank|world_size|local_world_size"
-                                 r"|torchrun_env)\b|os\.environ",
+                                 r"|torchrun_env)\b|os\.environ"
+                                 # this rank's GPU made the current device
+                                 r"|set_device|^if device\.type == 'cuda':$",
     "names the DDP script": r"(train_ddp|torchrun)",
 }
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 
@@ -33,6 +34,11 @@ def abort():
 @contextmanager
 def process_group(backend, timeout_s=300, device=None, **init_kwargs):
     """``init_process_group``; on leaving, destroy it (success) or abort it (an error)."""
+    if device is not None and device.type == "cuda":
+        # This rank's GPU becomes its current device: object collectives (all_gather_object,
+        # ...) put their objects there, and device_id below does not set it; without this
+        # every rank would send from cuda:0.
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                             device_id=device if device is not None and device.type == "cuda"
                             else None, **init_kwargs)

@@ -34,12 +34,24 @@ STEPS, LR = 10, 0.05
 
 def make_model(info, variant, device):
     """The course CNN (narrow): "bn_free", "batchnorm", or "sync_batchnorm"."""
+    return twins(info, variant, device)[0]
+
+
+def twins(info, variant, device):
+    """The model DDP trains, and its twin for the single process: the same weights, with
+    plain BatchNorm where the first has SyncBatchNorm. The twin is copied before the
+    conversion, because there is no way back: PyTorch has ``convert_sync_batchnorm`` and
+    no reverse (none in torch 2.14), and a SyncBatchNorm layer in a process group whose
+    inputs are not on a GPU raises in forward."""
     torch.manual_seed(0)
     model = models.SmallCNN(info.in_channels, info.num_classes, width=16,
                             batch_norm=variant != "bn_free")
+    single = copy.deepcopy(model)
     if variant == "sync_batchnorm":
+        # convert_sync_batchnorm reuses the BatchNorm layers' parameters and buffers, so
+        # the twin above must be a copy, not the same modules.
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return model.to(device)
+    return model.to(device), single.to(device)
 
 
 def batches(train_set, rank, world_size, batch_size, device):
@@ -66,18 +78,22 @@ def train(model, steps):
 
 
 def compare(variant, info, mine, union, device):
-    """Largest parameter difference after STEPS steps: DDP against one process."""
-    model = make_model(info, variant, device)
-    single = copy.deepcopy(model)
+    """Largest parameter difference after STEPS steps, DDP against one process, as a
+    tensor on the device (rank 0; zero on the others)."""
+    model, single = twins(info, variant, device)
     distributed_model = train(DDP(model, device_ids=[device] if device.type == "cuda"
                                   else None), mine).module
     difference = torch.zeros((), device=device)
     if dist.get_rank() == 0:
-        single = train(single if variant != "sync_batchnorm" else
-                       torch.nn.SyncBatchNorm.revert_sync_batchnorm(single), union)
-        difference = max((a - b).abs().max() for a, b in
-                         zip(distributed_model.parameters(), single.parameters(), strict=True))
-    return difference.item()
+        single = train(single, union)
+        difference = largest_difference(distributed_model.parameters(), single.parameters())
+    return difference
+
+
+def largest_difference(parameters, others):
+    """The largest absolute difference between two models' parameters, on the device."""
+    return torch.stack([(a - b).abs().max()
+                        for a, b in zip(parameters, others, strict=True)]).max()
 
 
 def accumulation(info, mine, device, micro_batches=4):
@@ -101,14 +117,14 @@ def accumulation(info, mine, device, micro_batches=4):
         model.register_comm_hook(None, lambda state, bucket, seen=calls[name]: (
             seen.append(1), default_hooks.allreduce_hook(state, bucket))[1])
         optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-        loader = data.TensorLoader(torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch,
+        loader = data.TensorLoader(torch.utils.data.TensorDataset(x, y), batch,
                                    range(len(x)), device)
         train_epoch(model, loader, optimizer, torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: 1.0), PLAIN, micro_batches if batch < len(x) else 1,
             progress=False)
         results[name] = list(model.module.parameters())
-    difference = max((a - b).abs().max().item() for name in results for a, b in
-                     zip(results[name], results["one_batch"], strict=True))
+    difference = torch.stack([largest_difference(results[name], results["one_batch"])
+                              for name in results]).max()
     return {"micro_batches": micro_batches, "max_abs_difference": difference,
             "all_reduces": {name: len(seen) for name, seen in calls.items()}}
 
@@ -118,10 +134,14 @@ def measure(batch_size, device):
     train_set, _, info = data.load("digits")
     mine, union = batches(train_set, rank, world_size, batch_size, device)
     variants = ["bn_free", "batchnorm"] + (["sync_batchnorm"] if device.type == "cuda" else [])
+    differences = {v: compare(v, info, mine, union, device) for v in variants}
+    accumulated = accumulation(info, mine, device)
+    # The numbers leave the device here, once, after all the work on it.
     return {"world_size": world_size, "batch_size": batch_size, "steps": STEPS,
             "device": str(device),
-            "max_abs_difference": {v: compare(v, info, mine, union, device) for v in variants},
-            "accumulation": accumulation(info, mine, device)}
+            "max_abs_difference": {v: d.item() for v, d in differences.items()},
+            "accumulation": {**accumulated,
+                             "max_abs_difference": accumulated["max_abs_difference"].item()}}
 
 
 @record_errors

@@ -255,6 +255,8 @@ def main(argv=None):
     device = hardware.pick_device(args.device, local_rank, local_world_size)
     if rank == 0:
         cli.prepare_out_dir(args.out)
+    if device.type == "cuda":  # this rank's GPU becomes its current one, which NCCL uses
+        torch.cuda.set_device(device)
     dist.init_process_group(hardware.backend_for(device),
                             timeout=timedelta(seconds=args.dist_timeout),
                             device_id=device if device.type == "cuda" else None)

@@ -2,7 +2,15 @@
 
 The input is the ``traceEvents`` list of a Chrome/Perfetto trace that ``torch.profiler``
 exported (``trace_rank{r}.json``); nothing here runs a model. Each profiled step is a
-``record_function`` span named ``course step N`` on the training thread. Within it:
+``record_function`` span named ``course step N`` on the training thread (category
+``user_annotation``). On GPUs Kineto also mirrors every such span onto each GPU stream that
+ran its work, as ``gpu_user_annotation`` events of the same name (torch 2.14's
+``torch/profiler/_cupti/monitor_trace.py``): those are not steps, and only the host's span
+counts. A trace of another program (no ``course step`` spans) is read step by step along
+the profiler's own ``ProfilerStep#N`` spans, one per ``prof.step()``; their GPU work counts
+by when it ran, inside the host's span (the course's spans end with a synchronize, so
+they hold exactly their step's work; a ``ProfilerStep`` does not wait for its kernels,
+and some of them run in the next one's span). Within a step:
 
 - **communication**: the collectives. On a CPU (gloo) the training thread only launches
   each one (``c10d::allreduce_``, a fraction of a millisecond); ProcessGroupGloo runs it
@@ -29,6 +37,8 @@ trace's microseconds; the step figures are in milliseconds.
 import statistics
 
 STEP_PREFIX = "course step "
+PROFILER_STEP_PREFIX = "ProfilerStep#"  # torch.profiler's span for each prof.step()
+HOST_SPAN = "user_annotation"  # record_function on the host ("gpu_user_annotation": mirrors)
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 NCCL_KERNEL_PREFIXES = ("ncclDevKernel_", "ncclKernel_")
 # What the training thread runs to start a collective: c10d's dispatcher op, the backends'
@@ -113,9 +123,21 @@ def complete_events(events):
 
 
 def step_spans(events):
-    """The ``course step N`` spans, in order."""
-    steps = [e for e in complete_events(events) if e["name"].startswith(STEP_PREFIX)]
-    return sorted(steps, key=lambda e: e["ts"])
+    """The host's ``course step N`` spans in order or, in a trace with none, its
+    ``ProfilerStep#N`` spans; [] when it has neither."""
+    host_spans = [e for e in complete_events(events) if e.get("cat") == HOST_SPAN]
+    for prefix in (STEP_PREFIX, PROFILER_STEP_PREFIX):
+        steps = [e for e in host_spans if e["name"].startswith(prefix)]
+        if steps:
+            return sorted(steps, key=lambda e: e["ts"])
+    return []
+
+
+def step_number(span_event):
+    """N of ``course step N`` or ``ProfilerStep#N``."""
+    name = span_event["name"]
+    prefix = STEP_PREFIX if name.startswith(STEP_PREFIX) else PROFILER_STEP_PREFIX
+    return int(name[len(prefix):])
 
 
 def on_device(events):
@@ -139,7 +161,8 @@ def step_intervals(events, step):
                                                                           step.get("tid"))]
         launches = [e for e in thread if e["name"].startswith("c10d::")]
         works = [e for e in inside if e["name"].startswith("gloo:") and e not in thread]
-        ops = merge(span(e) for e in thread if not e["name"].startswith(STEP_PREFIX))
+        ops = merge(span(e) for e in thread if not e["name"].startswith(
+            (STEP_PREFIX, PROFILER_STEP_PREFIX)))
         compute = subtract(ops, merge(span(e) for e in thread if is_launch(e)))
         communication = in_flight(launches, works, ops) + [
             span(e) for e in thread if is_launch(e)]
@@ -191,14 +214,15 @@ def relative_ms(intervals, origin):
 
 
 def analyse_trace(events):
-    """One dict per ``course step`` span: its figures, its start (trace microseconds) and
-    its compute, communication and exposed intervals in ms from the step's start."""
+    """One dict per step span (``step_spans``): its figures, its start (trace
+    microseconds) and its compute, communication and exposed intervals in ms from the
+    step's start."""
     steps = []
     for step in step_spans(events):
         start, end = span(step)
         compute, communication, collectives = step_intervals(events, step)
         steps.append({
-            "step": int(step["name"][len(STEP_PREFIX):]),
+            "step": step_number(step),
             "start_us": start,
             **step_figures(compute, communication, start, end),
             "collectives": collectives,

@@ -54,7 +54,8 @@ class Trainer:
             x, y = x.to(self.device), y.to(self.device)
             logits = self.model(x)
             sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"),
-                                 (logits.argmax(1) == y).sum(), torch.tensor(len(y))])
+                                 (logits.argmax(1) == y).sum(),
+                                 torch.tensor(len(y), device=self.device)])
         return sums
 
     def save(self, epoch, sums):

@@ -21,11 +21,13 @@ from workshop_lib import data, models
 def evaluate(model, loader):
     """[sum of losses, correct predictions, samples] over this rank's validation shard."""
     model.eval()
-    sums = torch.zeros(3)
+    device = next(model.parameters()).device  # every tensor below is made there
+    sums = torch.zeros(3, device=device)
     for x, y in loader:
         logits = model(x)
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"),
-                             (logits.argmax(dim=1) == y).sum(), torch.tensor(len(y))])
+                             (logits.argmax(dim=1) == y).sum(),
+                             torch.tensor(len(y), device=device)])
     return sums
 
 
