@@ -104,7 +104,8 @@ def test_command_line_error_is_one_line_from_a_real_process(tmp_path):
 ENTRY_POINTS = ["workshop_lib.__main__", "workshop_lib.train", "workshop_lib.train_ddp",
                 "workshop_lib.bench.__main__", "workshop_lib.trace.__main__",
                 "workshop_lib.equivalence", "workshop_lib.dataparallel", "workshop_lib.launch",
-                "workshop_lib.doctor", "workshop_lib.data", "workshop_lib.gpu_check",
+                "workshop_lib.doctor", "workshop_lib.data", "workshop_lib.gpu_check.__main__",
+                "workshop_lib.gpu_check.probes", "workshop_lib.gpu_check.run_notebook",
                 "workshop_lib.labs.__main__", "workshop_lib.sweep", "workshop_lib.shards",
                 "workshop_lib.naive_ddp", "workshop_lib.inside_ddp.verify",
                 "workshop_lib.inside_ddp.experiments", "workshop_lib.inside_ddp.timing"]
