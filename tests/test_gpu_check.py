@@ -582,3 +582,23 @@ def test_the_full_check_runs_a_notebook_with_solutions_and_absolute_runs(tmp_pat
     assert (tmp_path / "notebooks" / "00_welcome.ipynb").is_file()
     assert (tmp_path / "runs" / "00_welcome").is_dir()
     assert not (REPO / "notebooks" / "build").exists()
+
+
+@pytest.mark.slow
+def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path, monkeypatch):
+    """The smoke's CUDA steps, run on the CPU here (their commands with --device cpu): the
+    commands' real outputs (the trace and its summary, the conversion's log, a run's
+    record) are what the steps read, so a changed output format fails here, not first on
+    a GPU."""
+    monkeypatch.setattr(library, "DEVICE", "cpu")
+    wanted = ("conversion reference, 1 rank on CUDA [item 2]", "trace on CUDA, 1 rank [item 3]",
+              smoke.FP32_RUN)
+    chosen = [step for step in smoke.steps() if step.name in wanted]
+    outcomes = steps.run_steps(context(tmp_path, cuda=True), chosen, say=lambda line: None)
+    assert [o.status for o in outcomes] == [PASS] * 3, [(o.name, o.reason) for o in outcomes]
+    conversion, trace, run = outcomes  # in the smoke's order
+    assert trace.values["events"]["step_spans_user_annotation"] == 3  # library.trace's steps
+    assert trace.values["median"]["measured_ms"] > 0
+    assert (tmp_path / "trace" / "trace_rank0.json").is_file()
+    assert conversion.values["val_acc"] >= library.CONVERSION_TARGET
+    assert run.values["epoch"] == 4 and run.values["saved_activation_bytes"] > 0
