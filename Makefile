@@ -5,6 +5,7 @@
 #   make test-fast  the tests that start no processes (under a minute): everyday work
 #   make check-labs every exercise's check fails its stub and passes its solution
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
+#                   (torch alone: PYTHONPATH=. python -m workshop_lib.gpu_check --smoke)
 #   make learner-kit KIT=DIR  what learners' machines and images get: no solution, no tests
 PYTHON ?= python3
 VENV ?= .venv
@@ -98,9 +99,12 @@ learner-kit: setup
 	$(BIN)/python jupyter/learner/make_kit.py $(KIT)
 
 # The instructor's check of a GPU workstation image: GPU-marked tests, every notebook with
-# the GPU profile, the quick bench; the report goes to build/gpu-check/.
+# the GPU profile and the exercises' reference solutions, the quick bench, each under its
+# own time limit (workshop_lib/gpu_check/budget.py); the report, logs and runs go to
+# build/gpu-check/ (report.md). On a GPU image with torch alone (no `make setup`), the
+# one-GPU smoke: PYTHONPATH=. python -m workshop_lib.gpu_check --smoke
 gpu-check: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m workshop_lib.gpu_check --out build/gpu-check
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m workshop_lib.gpu_check --out $(abspath build/gpu-check)
 
 # Scaling, loop overhead, communication and data path, measured on this machine (BENCHMARKS.md).
 bench: setup

@@ -1,15 +1,467 @@
-"""`make gpu-check`, the instructor's check of a GPU image: its CPU-runnable parts, here."""
+"""The GPU check (``python -m workshop_lib.gpu_check [--smoke]``, ``make gpu-check``): its
+CPU-runnable parts, here. The fast tests build reports and read failures from fabricated
+outputs and exceptions; the slow ones run commands under their time limits, the smoke as
+a learner's machine runs it, and a notebook through papermill."""
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
+import torch
 
-from conftest import run_course_command
-from workshop_lib import gpu_check, hardware, runlog
+from conftest import REPO, run_course_command
+from workshop_lib.gpu_check import (
+    budget,
+    environment,
+    failures,
+    full,
+    library,
+    process,
+    report,
+    smoke,
+    steps,
+)
+from workshop_lib.gpu_check.__main__ import main
+from workshop_lib.gpu_check.report import FAIL, PASS, SKIPPED, Outcome
+
+TORCHRUN_FAILURE = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/repo/workshop_lib/equivalence.py", line 76, in compare
+[rank0]: AttributeError: type object 'SyncBatchNorm' has no attribute 'revert_sync_batchnorm'
+E1201 12:00:00.000000 1234 torch/distributed/elastic/multiprocessing/api.py:882] failed
+Traceback (most recent call last):
+  File "/usr/lib/python3.12/runpy.py", line 198, in _run_module_as_main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+workshop_lib.equivalence FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 1234)
+============================================================
+"""
 
 
-def test_without_a_gpu_it_says_so_in_one_line(capsys):
-    if hardware.detect().gpus:
+def context(tmp_path, cuda=False, deadline=None):
+    return steps.Context(out=tmp_path, env=environment.command_env(), cuda=cuda,
+                         deadline=deadline, cwd=REPO)
+
+
+def finished(tmp_path, returncode=0, timed_out=False, stdout="", stderr="", limit_s=60.0):
+    return process.Finished(command=[sys.executable, "-m", "x"], returncode=returncode,
+                            timed_out=timed_out, seconds=1.0, limit_s=limit_s, stdout=stdout,
+                            stderr=stderr, stdout_path=tmp_path / "x.stdout",
+                            stderr_path=tmp_path / "x.stderr")
+
+
+# --- a failure's own line ---------------------------------------------------------------
+
+def test_a_torchrun_failure_is_the_ranks_exception_not_the_launchers_wrapper():
+    assert failures.error_line(TORCHRUN_FAILURE) == (
+        "AttributeError: type object 'SyncBatchNorm' has no attribute 'revert_sync_batchnorm'")
+
+
+@pytest.mark.parametrize("text, line", [
+    ("loading\nerror: --batch-size must be a positive integer, got 0\n",
+     "error: --batch-size must be a positive integer, got 0"),
+    ("x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ("UserWarning: something\nlast words\n", "last words"),
+    ("UserWarning: only a warning\n", "UserWarning: only a warning"),
+    ("", None),
+])
+def test_the_error_line_is_the_error_else_the_last_line(text, line):
+    assert failures.error_line(text) == line
+
+
+def test_a_papermill_execution_error_gives_the_cells_ename_and_evalue():
+    from papermill.exceptions import PapermillExecutionError
+
+    error = PapermillExecutionError(cell_index=7, exec_count=5, source="1 / 0",
+                                    ename="ZeroDivisionError", evalue="division by zero",
+                                    traceback=["\x1b[0;31mZeroDivisionError\x1b[0m: division"])
+    failure = failures.describe_exception(error)
+    assert failure.line == "ZeroDivisionError: division by zero"
+    assert failure.where == "In [5]"
+    assert failure.tail == ["ZeroDivisionError: division"]  # colours stripped
+
+
+def test_a_called_process_error_gives_its_commands_own_error_not_the_exit_status():
+    error = subprocess.CalledProcessError(
+        1, ["torchrun", "my_train_ddp.py"], output="epoch 1\n",
+        stderr="Traceback (most recent call last):\nRuntimeError: Expected all tensors to be "
+               "on the same device, but found at least two devices, cuda:0 and cpu!\n")
+    failure = failures.describe_exception(error)
+    assert failure.line == ("RuntimeError: Expected all tensors to be on the same device, but "
+                            "found at least two devices, cuda:0 and cpu! (exited with status 1)")
+    assert failure.where == "torchrun my_train_ddp.py"
+    silent = failures.describe_exception(subprocess.CalledProcessError(3, "x", output=b""))
+    assert silent.line == "the command exited with status 3, with no output"
+
+
+def executed_notebook(*cells):
+    """An executed notebook as papermill writes it: an error banner first, then cells."""
+    banner = {"cell_type": "markdown", "source": "An Exception was encountered", "metadata": {}}
+    return {"cells": [banner, *cells]}
+
+
+def code_cell(source, outputs=(), count=None, status="completed"):
+    return {"cell_type": "code", "source": source, "execution_count": count,
+            "outputs": list(outputs), "metadata": {"papermill": {"status": status}}}
+
+
+def stream(name, text):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+def test_a_failed_bash_cell_is_reported_with_what_it_wrote_to_stderr():
+    from papermill.exceptions import PapermillExecutionError
+
+    bash = code_cell("%%bash\ntorchrun --nproc-per-node=$NPROC my_train_ddp.py --epochs 3\n",
+                     [stream("stdout", "epoch 1 ...\n"),
+                      stream("stderr", "Traceback (most recent call last):\n[rank1]: "
+                                       "RuntimeError: stack expects each tensor to be equal "
+                                       "size\nChildFailedError:\n"),
+                      {"output_type": "error", "ename": "CalledProcessError",
+                       "evalue": "Command 'b'torchrun ...'' returned non-zero exit status 1.",
+                       "traceback": []}], count=6, status="failed")
+    notebook = executed_notebook(code_cell("print(1)", count=5), bash)
+    error = PapermillExecutionError(cell_index=9, exec_count=6, source=bash["source"],
+                                    ename="CalledProcessError",
+                                    evalue="Command 'b'torchrun ...'' returned non-zero exit "
+                                           "status 1.", traceback=[])
+    failure = failures.notebook_failure(notebook, failures.exception_info(error))
+    assert failure.line == ("RuntimeError: stack expects each tensor to be equal size "
+                            "(%%bash cell exited with status 1)")
+    assert failure.where == "In [6]: %%bash torchrun --nproc-per-node=$NPROC my_train_ddp.py " \
+                            "--epochs 3"
+    assert failure.tail[-1] == "ChildFailedError:"
+
+
+def test_a_bash_cell_that_prints_its_logs_tail_on_stdout_is_read_from_stdout():
+    bash = code_cell("%%bash\ntorchrun ... > log 2>&1 || { tail -n 30 log; exit 1; }",
+                     [stream("stdout", "AssertionError: ranks disagree\n"),
+                      {"output_type": "error", "ename": "CalledProcessError",
+                       "evalue": "returned non-zero exit status 1.", "traceback": []}], count=3)
+    failure = failures.notebook_failure(executed_notebook(bash))
+    assert failure.line == "AssertionError: ranks disagree (%%bash cell exited with status 1)"
+
+
+def test_a_python_cells_error_and_a_hung_cell_are_named():
+    raised = code_cell("findings.batchnorm(result)", [{
+        "output_type": "error", "ename": "KeyError", "evalue": "'sync_batchnorm'",
+        "traceback": ["\x1b[31mKeyError\x1b[0m: 'sync_batchnorm'"]}], count=12)
+    failure = failures.notebook_failure(executed_notebook(raised))
+    assert (failure.line, failure.where) == ("KeyError: 'sync_batchnorm'",
+                                             "In [12]: findings.batchnorm(result)")
+    assert failure.tail == ["KeyError: 'sync_batchnorm'"]
+    hung = executed_notebook(code_cell("print(1)", count=1),
+                             code_cell("job.wait()", status="running"))
+    failure = failures.notebook_failure(hung, None, timed_out_s=900)
+    assert failure.line == "timed out after 900 s (the step's limit) in this cell"
+    assert failure.where == "cell 2: job.wait()"
+
+
+def test_papermills_own_cell_timeout_is_the_cause_not_the_interrupt_it_caused():
+    class CellTimeoutError(TimeoutError):  # nbclient's, as papermill lets it through
+        pass
+
+    interrupted = code_cell("time.sleep(600)", [{
+        "output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}],
+        count=3)
+    info = failures.exception_info(CellTimeoutError(
+        "A cell timed out while it was being executed, after 585 seconds.\n"
+        "-------------------\n['time.sleep(600)']"))
+    failure = failures.notebook_failure(executed_notebook(interrupted), info)
+    assert failure.line == ("CellTimeoutError: A cell timed out while it was being executed, "
+                            "after 585 seconds.")
+    assert failure.where == "In [3]: time.sleep(600)"
+
+
+# --- outcomes and the report ---------------------------------------------------------------
+
+def test_a_commands_outcome_says_timeout_exit_or_problem_in_its_own_words(tmp_path):
+    ctx = context(tmp_path)
+    timed_out = steps.from_process("s", finished(tmp_path, None, True, stdout="step 3\n",
+                                                 limit_s=5), ctx)
+    assert timed_out.status == FAIL
+    assert timed_out.reason == "timed out after 5 s (its limit), stopped; its last line: step 3"
+    crashed = steps.from_process("s", finished(tmp_path, 1, stderr=TORCHRUN_FAILURE), ctx)
+    assert crashed.reason.startswith("AttributeError: type object 'SyncBatchNorm'")
+    assert crashed.where.endswith("(exit status 1)") and crashed.tail
+    judged = steps.from_process("s", finished(tmp_path, 0), ctx,
+                                lambda f: (["val_acc 0.5"], {}, "val_acc 0.5 is below 0.85"))
+    assert (judged.status, judged.reason, judged.figures) == (FAIL, "val_acc 0.5 is below 0.85",
+                                                              ["val_acc 0.5"])
+
+    def unreadable(f):
+        raise FileNotFoundError("summary.json")
+
+    # A reader that fails on a failed command does not replace the command's own error.
+    assert steps.from_process("s", finished(tmp_path, 1, stderr="ValueError: bad\n"), ctx,
+                              unreadable).reason == "ValueError: bad"
+    assert steps.from_process("s", finished(tmp_path, 0), ctx, unreadable).reason == \
+        "FileNotFoundError: summary.json"
+    assert steps.from_process("s", finished(tmp_path, 0), ctx).status == PASS
+
+
+def test_steps_skip_without_cuda_and_a_step_that_raises_fails_alone(tmp_path):
+    ran = []
+
+    def broken(ctx, limit):
+        raise KeyError("max_abs_difference")
+
+    def fine(ctx, limit):
+        ran.append(limit)
+        return Outcome("fine", PASS, figures=["ok"])
+
+    outcomes = steps.run_steps(context(tmp_path), [
+        steps.Step("gpu", "needs a GPU", 60, fine),
+        steps.Step("broken", "raises", 60, broken, needs_cuda=False),
+        steps.Step("fine", "runs", 30, fine, needs_cuda=False),
+        steps.Step("no pytest", "skips itself", 30, fine, needs_cuda=False,
+                   skip=lambda ctx: "pytest is not installed here"),
+    ], say=lambda line: None)
+    assert [(o.name, o.status, o.reason) for o in outcomes] == [
+        ("gpu", SKIPPED, steps.NEEDS_CUDA), ("broken", FAIL, "KeyError: 'max_abs_difference'"),
+        ("fine", PASS, ""), ("no pytest", SKIPPED, "pytest is not installed here")]
+    assert ran == [30] and outcomes[1].tail[-1] == "KeyError: 'max_abs_difference'"
+
+
+def test_no_step_starts_after_the_deadline(tmp_path):
+    import time
+
+    outcomes = steps.run_steps(context(tmp_path, deadline=time.monotonic() - 1), [
+        steps.Step("late", "", 60, lambda c, limit: Outcome("late", PASS), needs_cuda=False)],
+        say=lambda line: None)
+    assert outcomes[0].status == SKIPPED and "deadline" in outcomes[0].reason
+
+
+def test_the_report_shows_each_step_its_failure_and_its_budget(tmp_path):
+    outcomes = [
+        Outcome("doctor", PASS, seconds=3.2, limit_s=60, figures=["torch 2.11"]),
+        Outcome("equivalence", FAIL, "AttributeError: no revert_sync_batchnorm", 12.0, 120,
+                where="python -m torch.distributed.run ...", tail=["Traceback", "AttributeError"],
+                logs=["logs/equivalence.stderr"]),
+        Outcome("bf16 run", SKIPPED, steps.NEEDS_CUDA, limit_s=90, budget_s=30.0),
+    ]
+    built = report.build("GPU smoke check", ["torch 2.11"], outcomes, 15.2, notes=["n"],
+                         totals=["The smoke took 15 s"])
+    text = report.write(tmp_path, built)
+    assert not built["ok"] and built["counts"] == {"pass": 1, "fail": 1, "skipped": 1}
+    assert json.loads((tmp_path / "report.json").read_text()) == built
+    assert (tmp_path / "report.md").read_text() == text
+    assert "| step | result | seconds | limit s | budget s |" in text
+    assert "| equivalence | FAIL: AttributeError: no revert_sync_batchnorm | 12.0 | 120 |  |" \
+        in text
+    assert f"| bf16 run | skipped: {steps.NEEDS_CUDA} | 0.0 | 90 | 30 |" in text
+    failures_part = text.split("## Failures")[1]
+    assert "```\nTraceback\nAttributeError\n```" in failures_part and "doctor" not in \
+        failures_part
+    assert report.build("t", [], outcomes[::2], 1)["ok"]  # skipped is not failed
+
+
+def test_the_budget_has_an_estimate_and_a_basis_for_every_notebook():
+    names = {p.stem for p in (REPO / "notebooks").glob("[0-9]*.ipynb")}
+    assert set(budget.NOTEBOOKS) == names
+    for estimate in [*budget.NOTEBOOKS.values(), budget.GPU_TESTS, budget.BENCH]:
+        assert estimate.seconds > 0 and estimate.basis
+        assert full.cell_limit(estimate.limit_s) < estimate.limit_s  # papermill's goes first
+    lines = budget.verdict_lines()
+    assert "estimated from a reading of each notebook's runs, not measured" in lines[0]
+    over = budget.verdict_lines({"00_welcome": 600.0, "03_keeping_accuracy_at_scale": 700.0})
+    assert "measured here: 21.7 min for 2 notebook(s)" in over[1] and "NOT met, by 6.7" in over[1]
+    assert over[-1].startswith("Heaviest: 03_keeping_accuracy_at_scale 11.7 min")
+
+
+# --- what the smoke runs with -------------------------------------------------------------
+
+def test_the_standin_digits_have_the_real_ones_shape_and_range():
+    path = environment.STANDINS / "sklearn" / "datasets" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("standin_datasets", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    digits, again = module.load_digits(), module.load_digits()
+    images, target = torch.tensor(digits.images), torch.tensor(digits.target)
+    assert images.shape == (1797, 8, 8) and target.shape == (1797,)
+    assert images.min() == 0 and images.max() == 16 and torch.equal(images, images.round())
+    assert torch.bincount(target).tolist() == [180] * 7 + [179] * 3  # 1,797 dealt 0..9
+    assert torch.equal(images, torch.tensor(again.images))  # the same on every rank
+
+
+def test_standins_go_first_on_the_path_and_only_the_missing_ones(tmp_path):
+    folder = environment.install_standins(["tqdm"], tmp_path / "standins")
+    assert sorted(p.name for p in folder.iterdir()) == ["tqdm"]
+    env = environment.command_env(folder, one_gpu=True)
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(folder), str(REPO)]
+    assert env["CUDA_VISIBLE_DEVICES"] == environment.first_gpu()
+    assert environment.install_standins([], tmp_path / "none") is None
+    assert environment.missing_replaceable(force=True) == ["sklearn", "tqdm"]
+
+
+def module_level_imports(path):
+    """The modules a file imports at module level (in ``try``/``if`` blocks too)."""
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in tree.body:
+        for inner in ast.walk(node) if isinstance(node, ast.Try | ast.If) else [node]:
+            if isinstance(inner, ast.Import):
+                found |= {alias.name for alias in inner.names}
+            elif isinstance(inner, ast.ImportFrom) and inner.level == 0:
+                found.add(inner.module)
+                found |= {f"{inner.module}.{alias.name}" for alias in inner.names}
+    return found
+
+
+def third_party_imports(module):
+    """Packages outside the standard library that importing ``module`` (a workshop_lib
+    module) imports at module level, following workshop_lib's own imports."""
+    seen, outside, todo = set(), set(), [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        base = REPO.joinpath(*parts)
+        path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if name in seen or not path.is_file():
+            continue
+        seen.add(name)
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages
+        for imported in module_level_imports(path):
+            top = imported.split(".")[0]
+            if top == "workshop_lib":
+                todo.append(imported)
+            elif top not in sys.stdlib_module_names:
+                outside.add(top)
+    return outside
+
+
+def test_the_check_imports_nothing_but_the_standard_library_and_torch():
+    """A bare GPU image holds torch alone: the check must start there."""
+    for path in (REPO / "workshop_lib" / "gpu_check").glob("*.py"):
+        module = f"workshop_lib.gpu_check.{path.stem}".removesuffix(".__init__")
+        assert third_party_imports(module) <= {"torch"}, module
+
+
+@pytest.mark.parametrize("module", ["workshop_lib.train", "workshop_lib.equivalence",
+                                    "workshop_lib.trace.__main__", "workshop_lib.doctor",
+                                    "workshop_lib.labs.conversion_data", "workshop_lib.memory",
+                                    "workshop_lib.models", "workshop_lib.checkpoint",
+                                    "workshop_lib.runlog"])
+def test_what_the_smokes_gpu_steps_run_needs_only_torch_and_the_standins(module):
+    """Each module a smoke step runs imports, at module level, only the standard library,
+    torch, and packages the smoke has a stand-in for (scikit-learn's digits, tqdm)."""
+    allowed = {"torch", *environment.REPLACEABLE.values()}
+    assert third_party_imports(module) <= allowed, (
+        f"{module} needs {sorted(third_party_imports(module) - allowed)} at import: a bare GPU "
+        f"image lacks it; import it where it is used, or give the smoke a stand-in")
+
+
+def test_every_library_call_of_the_smoke_names_an_existing_entry_point():
+    import inspect
+
+    from workshop_lib import memory
+
+    assert library.CONVERSION_SOLUTION.is_file()
+    assert "limit" in inspect.signature(memory.largest_batch).parameters
+    for command in (library.equivalence("e.json"), library.trace("t"), library.train("o"),
+                    library.doctor()):
+        target = command[1] if command[0] == "-m" else command[0]
+        assert importlib.util.find_spec(target) is not None, target
+    assert library.trace_step_prefix()
+
+
+class ScriptedContext(steps.Context):
+    """A context whose commands do not run: each returns the output it is given."""
+
+    def __init__(self, out, **outputs):
+        super().__init__(out=out, env={}, cuda=True, cwd=REPO)
+        self.outputs, self.commands = outputs, []
+
+    def command(self, name, args, limit_s, cwd=None):
+        self.commands.append((args, limit_s, cwd))
+        return finished(self.out, **self.outputs)
+
+
+def test_the_fp16_step_fails_on_the_lr_scheduler_warning_and_counts_skipped_steps(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(library, "final_record", lambda out: {
+        "epoch": 4, "val_acc": 0.97, "peak_memory_mib": 12.5, "saved_activation_bytes": 2**20})
+    monkeypatch.setattr(library, "grad_scaler_scale", lambda out: 2.0 ** 13)
+    warning = ("/torch/optim/lr_scheduler.py:200: UserWarning: Detected call of "
+               "`lr_scheduler.step()` before `optimizer.step()`. In PyTorch 1.1.0 and later, ...")
+    run = smoke.training_run("fp16 run", "run-fp16", ["--amp", "fp16"], check_stderr=True)
+    ctx = ScriptedContext(tmp_path, stderr=warning + "\n")
+    outcome = run(ctx, 90)
+    assert outcome.status == FAIL and outcome.reason.startswith(
+        "stderr holds PyTorch's warning: /torch/optim/lr_scheduler.py:200: UserWarning")
+    args = ctx.commands[0][0]
+    assert args[:2] == ["-m", "workshop_lib.train"] and args[args.index("--amp") + 1] == "fp16"
+    assert any("at least 3 step(s) skipped for overflow" in f for f in outcome.figures)
+    clean = run(ScriptedContext(tmp_path, stderr=""), 90)
+    assert clean.status == PASS and "lr_scheduler warning on stderr: none" in clean.figures
+    assert clean.values["grad_scaler_scale"] == 2.0 ** 13
+
+
+def test_a_notebook_runs_with_solutions_absolute_runs_and_a_cell_limit(tmp_path):
+    step = full.notebook_step(REPO / "notebooks" / "02_from_one_gpu_to_many.ipynb", "gpu")
+    assert step.needs_cuda and step.budget_s == budget.NOTEBOOKS[step.name].seconds
+    ctx = ScriptedContext(tmp_path, stdout="")
+    assert step.run(ctx, step.limit_s).status == PASS
+    [(args, limit, cwd)] = ctx.commands
+    assert args[:2] == ["-m", "workshop_lib.gpu_check.run_notebook"] and limit == step.limit_s
+    assert cwd == REPO / "notebooks"  # the notebooks' relative paths (../deploy) hold
+    parameters = json.loads(args[args.index("--parameters") + 1])
+    assert parameters == {"profile": "gpu", "solutions": True,
+                          "runs_dir": str(tmp_path / "runs" / "02_from_one_gpu_to_many")}
+    assert float(args[args.index("--cell-timeout") + 1]) < limit
+    assert Path(args[3]) == tmp_path / "notebooks" / "02_from_one_gpu_to_many.ipynb"
+
+
+def test_a_relative_out_becomes_absolute_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(smoke, "steps", lambda: [])
+    assert main(["--smoke", "--out", "relative"]) == 0
+    built = json.loads((tmp_path / "relative" / "report.json").read_text())
+    assert built["steps"] == [] and built["ok"]
+
+
+def test_the_largest_batch_says_when_it_is_the_searchs_cap(monkeypatch):
+    from workshop_lib import memory
+
+    assert library.largest_batch("cnn", "digits", False, device="cpu") == (None, False, 2**16)
+    for returned, expected in [(2**16, (2**16, True)), (2**15, (2**15, False)),
+                               ((2**16, True), (2**16, True)),
+                               (type("Found", (), {"batch": 512, "capped": False})(),
+                                (512, False))]:
+        monkeypatch.setattr(memory, "largest_batch",
+                            lambda *a, limit=2**16, r=returned, **k: r)
+        assert library.largest_batch("cnn", "digits", False)[:2] == expected
+
+
+def test_trace_events_count_the_step_spans_and_their_gpu_mirrors(tmp_path):
+    prefix = library.trace_step_prefix()
+    events = [{"name": f"{prefix}{i}", "cat": cat} for i in range(3)
+              for cat in ("user_annotation", "gpu_user_annotation", "gpu_user_annotation")]
+    events += [{"name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel"},
+               {"name": "void cudnn::conv", "cat": "kernel"}, {"name": "aten::mm", "cat": "cpu_op"}]
+    path = tmp_path / "trace_rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert smoke.trace_events(path, prefix) == {
+        "step_spans_user_annotation": 3, "step_spans_gpu_user_annotation": 6, "kernels": 2,
+        "nccl_kernels": 1, "events": 12}
+
+
+def test_without_a_gpu_the_full_check_says_so_in_one_line(capsys):
+    if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: `make gpu-check` runs for real here")
     with pytest.raises(SystemExit) as stop:
-        gpu_check.main(["--out", "unused"])
+        main(["--out", "unused"])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a GPU that PyTorch can use" in err[0]
@@ -17,25 +469,136 @@ def test_without_a_gpu_it_says_so_in_one_line(capsys):
 
 def test_an_unknown_notebook_is_named(capsys):
     with pytest.raises(SystemExit):
-        gpu_check.main(["--profile", "cpu", "--notebooks", "99_nothing"])
+        main(["--profile", "cpu", "--notebooks", "99_nothing"])
     assert "no notebook named 99_nothing" in capsys.readouterr().err
 
 
+# --- commands under their time limits (slow: they start processes) -------------------------
+
+SLEEPER = textwrap.dedent("""
+    import subprocess, sys, time
+    # A worker in a session of its own, as torchrun starts them.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             start_new_session=True)
+    open(sys.argv[1], "w").write(str(child.pid))
+    print("started", flush=True)
+    time.sleep(120)
+""")
+
+
+def gone(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # exited, not yet reaped by its new parent
+
+
 @pytest.mark.slow
-def test_the_report_holds_each_steps_time_result_and_figures(tmp_path):
-    """The orchestration and the report, on the CPU: the GPU tests (all skipped here), one
-    notebook executed by papermill, no bench."""
+def test_a_step_past_its_limit_is_stopped_with_its_workers_and_reported(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+
+    def sleeper(ctx, limit):
+        result = ctx.command("sleeper", ["-c", SLEEPER, pid_file], limit)
+        return steps.from_process("sleeper", result, ctx)
+
+    outcome, after = steps.run_steps(context(tmp_path), [
+        steps.Step("sleeper", "sleeps past its limit", 3, sleeper, needs_cuda=False),
+        steps.Step("after", "still runs", 30, lambda c, limit: Outcome("after", PASS),
+                   needs_cuda=False)], say=lambda line: None)
+    assert outcome.status == FAIL
+    assert outcome.reason == "timed out after 3 s (its limit), stopped; its last line: started"
+    assert gone(int(pid_file.read_text()))  # the worker in its own session too
+    assert after.status == PASS
+    assert (tmp_path / "logs" / "sleeper.stdout").read_text() == "started\n"
+
+
+@pytest.mark.slow
+def test_a_failing_bash_cell_in_a_notebook_is_reported_with_its_own_error(tmp_path):
+    """The papermill path for real: the child runner, the executed notebook, the cell."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    parameters = nbformat.v4.new_code_cell("profile = 'auto'\nruns_dir = 'runs'\n"
+                                           "solutions = False")
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [parameters, nbformat.v4.new_code_cell(
+        "import os\nos.makedirs(runs_dir)\nprint(solutions, runs_dir)"),
+        nbformat.v4.new_code_cell(
+            "%%bash\necho 'Traceback (most recent call last):' >&2\n"
+            "echo 'RuntimeError: Expected all tensors to be on the same device' >&2\nexit 1"),
+        nbformat.v4.new_code_cell("print('never runs')")]
+    path = tmp_path / "99_failing.ipynb"
+    nbformat.write(notebook, path)
+    out = tmp_path / "check"
+    [outcome] = steps.run_steps(context(out), [full.notebook_step(path, "cpu")],
+                                say=lambda line: None)
+    assert outcome.status == FAIL, outcome
+    assert outcome.reason == ("RuntimeError: Expected all tensors to be on the same device "
+                              "(%%bash cell exited with status 1)")
+    # In [4]: after the parameters, papermill's injected parameters and the cell before
+    assert outcome.where.startswith("notebooks/99_failing.ipynb, In [4]: %%bash echo")
+    executed = json.loads((out / "notebooks" / "99_failing.ipynb").read_text())
+    printed = "".join(failures._stream(cell, "stdout") for cell in executed["cells"])
+    assert f"True {out / 'runs' / '99_failing'}" in printed  # solutions, absolute runs
+    assert (out / "runs" / "99_failing").is_dir()
+
+
+@pytest.mark.slow
+def test_the_smoke_runs_here_skipping_what_needs_cuda_and_saying_so(tmp_path):
+    result = run_course_command(["-m", "workshop_lib.gpu_check", "--smoke", "--standins",
+                                 "always", "--out", str(tmp_path)], timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    built = json.loads((tmp_path / "report.json").read_text())
+    by_name = {step["name"]: step for step in built["steps"]}
+    assert list(by_name) == [step.name for step in smoke.steps()]
+    assert by_name["doctor"]["status"] == PASS and by_name["doctor"]["figures"]
+    for name, step in by_name.items():
+        if name != "doctor" and not torch.cuda.is_available():
+            assert (step["status"], step["reason"]) == (SKIPPED, steps.NEEDS_CUDA), name
+    assert any("stand-ins used" in line and "sklearn, tqdm" in line for line in built["machine"])
+    assert sorted(p.name for p in (tmp_path / "standins").iterdir()) == ["sklearn", "tqdm"]
+    assert result.stdout.rstrip().endswith("report.json")
+    assert (tmp_path / "report.md").read_text() in result.stdout  # printed at the end
+
+
+@pytest.mark.slow
+def test_the_full_check_runs_a_notebook_with_solutions_and_absolute_runs(tmp_path):
+    """The orchestration on the CPU: one notebook executed by papermill with the CPU
+    profile, no GPU tests (they would nest here) and no bench."""
     result = run_course_command(["-m", "workshop_lib.gpu_check", "--profile", "cpu",
-                                 "--notebooks", "00_welcome", "--no-bench",
+                                 "--notebooks", "00_welcome", "--no-tests", "--no-bench",
                                  "--out", str(tmp_path)], timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    report = runlog.load_json(tmp_path / "report.json")
-    names = [step["name"] for step in report["steps"]]
-    assert names == ["GPU tests (pytest -m gpu)", "00_welcome"]
-    assert all(step["ok"] and step["seconds"] > 0 for step in report["steps"])
-    welcome = report["steps"][1]
+    built = json.loads((tmp_path / "report.json").read_text())
+    welcome = built["steps"][-1]
+    assert [s["name"] for s in built["steps"]] == [smoke.CUDA_INFO, "doctor", "00_welcome"]
+    assert welcome["status"] == PASS and welcome["budget_s"] == budget.NOTEBOOKS[
+        "00_welcome"].seconds
     assert any("the environment works" in line for line in welcome["figures"])
-    assert report["notebooks_s"] == pytest.approx(welcome["seconds"])
-    markdown = (tmp_path / "report.md").read_text()
-    assert "| 00_welcome | pass |" in markdown and "budget of 15 min" in markdown
+    assert any("measured here" in line for line in built["totals"])
     assert (tmp_path / "notebooks" / "00_welcome.ipynb").is_file()
+    assert (tmp_path / "runs" / "00_welcome").is_dir()
+    assert not (REPO / "notebooks" / "build").exists()
+
+
+@pytest.mark.slow
+def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path, monkeypatch):
+    """The smoke's CUDA steps, run on the CPU here (their commands with --device cpu): the
+    commands' real outputs (the trace and its summary, the conversion's log, a run's
+    record) are what the steps read, so a changed output format fails here, not first on
+    a GPU."""
+    monkeypatch.setattr(library, "DEVICE", "cpu")
+    wanted = ("conversion reference, 1 rank on CUDA [item 2]", "trace on CUDA, 1 rank [item 3]",
+              smoke.FP32_RUN)
+    chosen = [step for step in smoke.steps() if step.name in wanted]
+    outcomes = steps.run_steps(context(tmp_path, cuda=True), chosen, say=lambda line: None)
+    assert [o.status for o in outcomes] == [PASS] * 3, [(o.name, o.reason) for o in outcomes]
+    conversion, trace, run = outcomes  # in the smoke's order
+    assert trace.values["events"]["step_spans_user_annotation"] == 3  # library.trace's steps
+    assert trace.values["median"]["measured_ms"] > 0
+    assert (tmp_path / "trace" / "trace_rank0.json").is_file()
+    assert conversion.values["val_acc"] >= library.CONVERSION_TARGET
+    assert run.values["epoch"] == 4 and run.values["saved_activation_bytes"] > 0

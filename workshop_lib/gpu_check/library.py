@@ -1,0 +1,115 @@
+"""Every entry point of the course the GPU check calls, one small function each.
+
+The check is written against today's commands and functions; when one changes its flags,
+signature or return value, the fix is here, in a line, and the steps stay as they are.
+Nothing here imports a training module at module level: the check's own process holds
+only the standard library and torch.
+"""
+import inspect
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONVERSION_SOLUTION = REPO / "workshop_lib" / "labs" / "files" / "conversion_solution.py"
+CONVERSION_TARGET = 0.85  # labs/conversion.py's target_accuracy, which the lab judges by
+LR_SCHEDULER_WARNING = "lr_scheduler.step()"  # PyTorch's "called before optimizer.step()"
+GRAD_SCALER_INIT_SCALE = 2.0 ** 16  # torch.amp.GradScaler's default init_scale
+DEVICE = "cuda"  # the device the steps' commands ask for (the tests read them on the CPU)
+
+
+def torchrun(nproc, *target):
+    """``torchrun --standalone --nproc-per-node=N TARGET...`` as ``python -m`` arguments
+    (the torchrun of this Python, whatever PATH holds)."""
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            *map(str, target)]
+
+
+def doctor():
+    return ["-m", "workshop_lib", "doctor"]
+
+
+def equivalence(out_json):
+    """Ranks against one process, with SyncBatchNorm on CUDA (issue 20, item 1)."""
+    return ["-m", "workshop_lib.equivalence", "--device", DEVICE, "--out", str(out_json)]
+
+
+def conversion(out_dir, epochs=3):
+    """Notebook 02's reference conversion script (it picks CUDA where there is one)."""
+    return [str(CONVERSION_SOLUTION), "--epochs", str(epochs), "--out", str(out_dir)]
+
+
+def trace(out_dir, steps=3, warmup=2):
+    return ["-m", "workshop_lib.trace", "--device", DEVICE, "--out", str(out_dir),
+            "--steps", str(steps), "--warmup", str(warmup)]
+
+
+def train(out_dir, *flags, epochs=4, batch_size=64):
+    """A one-GPU run of the training script on digits."""
+    return ["-m", "workshop_lib.train", "--device", DEVICE, "--dataset", "digits",
+            "--model", "cnn", "--epochs", str(epochs), "--batch-size", str(batch_size),
+            "--no-progress", "--out", str(out_dir), *flags]
+
+
+def gpu_tests(*extra):
+    return ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+            str(REPO / "tests" / "test_gpu.py"), *extra]
+
+
+def bench_quick(out_json, one_gpu):
+    shape = ["--device", "cuda", "--nproc", "1"] if one_gpu else []
+    return ["-m", "workshop_lib.bench", "--quick", *shape, "--out", str(out_json)]
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())
+
+
+def final_record(out_dir):
+    """The last epoch's record of a training run (val_acc, peak_memory_mib, ...)."""
+    from workshop_lib import runlog
+
+    return runlog.read(out_dir).final
+
+
+def last_conversion_record(out_dir):
+    """The conversion script's last line of log.jsonl (epoch, val_loss, val_acc)."""
+    lines = (Path(out_dir) / "log.jsonl").read_text().splitlines()
+    return json.loads(lines[-1]) if lines else None
+
+
+def grad_scaler_scale(out_dir):
+    """The fp16 GradScaler's scale in a run's checkpoint, or None."""
+    from workshop_lib import checkpoint
+
+    state = checkpoint.load(Path(out_dir) / "checkpoint.pt")
+    scaler = state.get("scaler") or {}
+    return scaler.get("scale")
+
+
+def trace_step_prefix():
+    from workshop_lib.trace.timeline import STEP_PREFIX
+
+    return STEP_PREFIX
+
+
+def largest_batch(model_name, dataset, grad_checkpointing, device=DEVICE):
+    """``memory.largest_batch`` for a model on a dataset's image shape (no data loaded):
+    ``(largest batch that fits, whether that is the search's cap, the cap)``.
+
+    Today's function returns a bare number and says nothing when it stopped at its cap
+    (issue 20, item 9); a result that carries its own flag (an object with ``capped``,
+    or a ``(batch, capped)`` pair) is read as it is.
+    """
+    from workshop_lib import data, memory, models, precision
+
+    info = data.DATASETS[dataset]
+    cap = inspect.signature(memory.largest_batch).parameters["limit"].default
+    result = memory.largest_batch(lambda: models.build(model_name, info, grad_checkpointing),
+                                  info, device, precision.PLAIN)
+    if isinstance(result, tuple):
+        fits, capped = result[0], bool(result[1])
+    elif hasattr(result, "capped"):
+        fits, capped = getattr(result, "batch", getattr(result, "fits", None)), result.capped
+    else:  # the search doubles from 32 while the batch is at most the cap
+        fits, capped = result, result is not None and result * 2 > cap
+    return fits, capped, cap
