@@ -102,6 +102,17 @@ def test_train_ddp_ends_at_once_with_one_line_for_the_learners_errors(
     assert not (tmp_path / "error.json").exists(), "as the decorators: no error file"
 
 
+def test_train_ddp_refuses_a_fault_for_a_rank_it_does_not_have(one_rank, tmp_path, capsys):
+    """Checked inside the group, by every rank: one line, exit 2, and no teardown."""
+    with pytest.raises(ProcessEnded):
+        train_ddp.main(["--device", "cpu", "--dataset", "digits", "--epochs", "1",
+                        "--inject-fault", "raise@1:0", "--out", str(tmp_path / "run")])
+    assert one_rank == ["exit 2"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --inject-fault raise@1:0 would never")
+    assert "world size is 1 (ranks 0 to 0)" in err[0]
+
+
 def test_train_ddp_leaves_together_when_it_finished(one_rank, monkeypatch, tmp_path):
     monkeypatch.setattr(train_ddp, "fit", lambda *args: None)
     train_ddp.main(["--device", "cpu", "--out", str(tmp_path / "run")])

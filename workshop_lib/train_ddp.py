@@ -170,8 +170,8 @@ def fit(args, device, rank, world_size):
                                                          say=is_rank0)):
         start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model.module, optimizer,
                                             scheduler, precision)
-    train_loader = faults.inject(train_loader, args.inject_fault, rank,
-                                 steps_done=(start_epoch - 1) * len(train_loader))
+    train_loader = faults.inject(train_loader, args.inject_fault, rank, world_size,
+                                 args.epochs, steps_done=(start_epoch - 1) * len(train_loader))
 
     # One write per line (end="" with the newline inside), so that lines from processes
     # sharing a terminal never run into each other.
