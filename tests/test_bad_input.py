@@ -1,8 +1,11 @@
 """Bad input gives one clear line on stderr and a non-zero exit, never a traceback."""
+import re
+
 import pytest
 
 from conftest import run_course_command
-from workshop_lib import train, train_ddp
+from workshop_lib import data, faults, train, train_ddp
+from workshop_lib.errors import CourseError
 
 TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
@@ -99,6 +102,55 @@ def test_command_line_error_is_one_line_from_a_real_process(tmp_path):
                                  "--out", str(tmp_path)])
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --batch-size must be a positive integer, got 0"
+
+
+DIGITS_STEPS = data.steps_per_epoch(len(data.load("digits")[0]), 1, 64)  # one process
+
+
+@pytest.mark.parametrize("fault, why", [
+    (f"kill@0:{DIGITS_STEPS}", "the first step past the last"),
+    ("kill@0:5000", "far past the last step"),
+    ("raise@1:5", "a rank the one-process run does not have"),
+])
+def test_a_fault_that_could_never_fire_is_refused_at_the_start(fault, why, capsys, tmp_path):
+    line = run_main(train.main, ["--dataset", "digits", "--epochs", "1", "--batch-size", "64",
+                                 "--inject-fault", fault, "--out", str(tmp_path)], capsys)
+    assert f"--inject-fault {fault} would never fire" in line, why
+    assert f"last step is {DIGITS_STEPS - 1}" in line and "world size is 1" in line
+
+
+def test_the_fault_check_names_the_last_step_and_the_world_size():
+    check = faults.check_fires
+    check(faults.Fault("kill", 3, 0), world_size=4, epochs=2, steps_per_epoch=10)
+    check(faults.Fault("hang", 0, 19), world_size=4, epochs=2, steps_per_epoch=10)
+    check(faults.Fault("raise", 1, 10), world_size=2, epochs=2, steps_per_epoch=10,
+          steps_done=10)
+    for fault, steps_done in [(faults.Fault("kill", 4, 5), 0), (faults.Fault("kill", 0, 20), 0),
+                              (faults.Fault("raise", 1, 9), 10)]:
+        with pytest.raises(CourseError) as refused:
+            check(fault, world_size=4, epochs=2, steps_per_epoch=10, steps_done=steps_done)
+        message = str(refused.value)
+        assert "last step is 19" in message and "world size is 4" in message
+        assert f"pick a step from {steps_done} to 19 and a rank below 4" in message
+
+
+def test_a_restarted_job_runs_clean_without_checking_its_old_fault(monkeypatch):
+    """After an elastic restart the fault is off, and the world may have shrunk (notebook
+    06): a fault for a rank that is gone must not stop the restarted job."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    loader = [0] * 10
+    assert faults.inject(loader, "kill@1:15", rank=0, world_size=1, epochs=2) is loader
+
+
+@pytest.mark.slow
+def test_a_fault_past_the_last_step_is_one_line_from_a_real_process(tmp_path):
+    result = run_course_command(["-m", "workshop_lib.train", "--dataset", "digits",
+                                 "--epochs", "1", "--inject-fault", "kill@0:5000",
+                                 "--out", str(tmp_path)])
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --inject-fault kill@0:5000"), lines
+    assert re.search(r"last step is \d+ .* world size is 1", lines[0]), lines[0]
 
 
 ENTRY_POINTS = ["workshop_lib.__main__", "workshop_lib.train", "workshop_lib.train_ddp",

@@ -2,7 +2,7 @@
 `make gpu-check` runs them on an instructor's workstation image.
 
 Each asserts behaviour the CPU tests pin only by their logic: NCCL jobs learn, a failing
-rank ends an NCCL job fast (the abort path of distributed.py), SyncBatchNorm keeps the
+rank ends an NCCL job fast (distributed.exit_at_once), SyncBatchNorm keeps the
 ranks' statistics equal, a sweep uses every GPU, checkpoints hold one GPU's random state.
 """
 import io

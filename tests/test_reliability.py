@@ -41,6 +41,40 @@ def test_a_rank_that_raises_ends_the_job_fast_and_is_named(tmp_path):
     assert "[rank 1]" in shown, "other ranks' lines are tagged"
 
 
+# train_ddp with every process-group teardown made to never return, as NCCL's destroy or
+# abort can when the other ranks wait in a collective (NVIDIA/nccl#1777, #863).
+TEARDOWN_NEVER_RETURNS = """
+import threading
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+def never_returns(*args, **kwargs):
+    threading.Event().wait()
+
+for module in (dist, distributed_c10d):
+    for name in ("destroy_process_group", "_abort_process_group"):
+        setattr(module, name, never_returns)
+
+from workshop_lib import train_ddp
+train_ddp.main()
+"""
+
+
+@pytest.mark.slow
+def test_a_raising_rank_ends_the_job_even_if_its_teardown_never_returns(tmp_path):
+    """The failing rank must not wait for any teardown: its exit is what tells torchrun
+    (and, with gloo, the other rank's collective) that it failed. Waiting, it would keep
+    the other rank in its all-reduce until the 300 s collective timeout."""
+    script = tmp_path / "teardown_never_returns.py"
+    script.write_text(TEARDOWN_NEVER_RETURNS)
+    stream = io.StringIO()
+    result = launch.run([str(script), *DDP_RUN_FLAGS, "--out", str(tmp_path / "run"),
+                         "--inject-fault", "raise@1:30"], nproc=2, timeout=150, stream=stream)
+    assert result.failed_rank == 1, stream.getvalue()[-3000:]
+    # From rank 1's error file, which it wrote before it ended:
+    assert "InjectedFault: injected fault on rank 1 at step 30" in result.error, result.error
+
+
 @pytest.mark.slow
 def test_a_hanging_rank_becomes_an_error_at_the_collective_timeout(tmp_path):
     result, shown = launch_ddp(tmp_path, "--inject-fault", "hang@1:30", "--dist-timeout", "15")

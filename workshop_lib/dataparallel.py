@@ -88,9 +88,9 @@ def compare(model_name, global_batch, gpus):
     dp = data_parallel(model_name, info, global_batch, gpus)
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(ddp_rank, args=(gpus, model_name, info, global_batch,
-                                       distributed.free_port(), results),
-                       nprocs=gpus, start_method="spawn")
+    # A rank that fails ends at once and its error is raised here (distributed.spawn).
+    distributed.spawn(ddp_rank, gpus, gpus, model_name, info, global_batch,
+                      distributed.free_port(), results)
     ddp = results.get()
     return {"model": model_name, "global_batch": global_batch, "gpus": gpus, "steps": STEPS,
             "data_parallel": dp, "ddp": ddp,

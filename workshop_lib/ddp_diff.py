@@ -23,10 +23,12 @@ DDP_STEPS = {
     "rank-0-only logging and checkpoints": r"\bis_rank0\b|\brank == 0\b",
     "elastic restarts and error reports": r"(TORCHELASTIC_RESTART_COUNT|restarted\b"
                                           r"|record_errors|elastic|\bjob\b|job_id)",
-    "process group: join, leave; abort on error": r"(backend|init_process_group|device_id"
-                                                  r"|^\s*(try:|except BaseException:|raise$)"
-                                                  r"|destroy_process_group|abort\(\)"
-                                                  r"|dist-timeout|\bdistributed\b)",
+    "process group: join, leave; exit at once on error": r"(backend|init_process_group"
+                                                         r"|device_id|^\s*(try:|raise$"
+                                                         r"|except BaseException\b)"
+                                                         r"|destroy_process_group"
+                                                         r"|exit_at_once|dist-timeout"
+                                                         r"|\bdistributed\b)",
     "rank layout from torchrun": r"\b(rank|local_rank|world_size|local_world_size"
                                  r"|torchrun_env)\b|os\.environ"
                                  # this rank's GPU made the current device

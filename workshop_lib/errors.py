@@ -1,4 +1,11 @@
-"""User-facing errors: one line that says what went wrong and what to do about it."""
+"""User-facing errors: one line that says what went wrong and what to do about it.
+
+A script's ``main`` gets two decorators: ``record_errors`` (outermost: a crash's traceback
+also goes to torchrun's error file) and ``exit_cleanly_on_course_error`` (a CourseError or
+a GPU out of memory becomes one line and exit code 2 or 3). Inside a process group an
+error does not travel up to them: ``distributed.exit_at_once`` reports it the same way,
+with ``report``, and ends the process there (``distributed.py`` says why).
+"""
 import argparse
 import functools
 import json
@@ -8,6 +15,10 @@ import time
 import traceback
 
 from workshop_lib import files
+
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torchrun looks for a failed worker's error
+# In a worker of ``distributed.spawn``: the file its error goes to, for its parent to raise.
+_parent_reads = None
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -28,29 +39,41 @@ class CourseError(Exception):
     """
 
 
+def is_out_of_memory(error):
+    return type(error).__name__ == "OutOfMemoryError"  # torch.OutOfMemoryError (CUDA)
+
+
+def one_line(error):
+    """``(exit code, the line to print)`` for an error that is the learner's to fix;
+    None for any other (a bug: it gets its traceback)."""
+    if isinstance(error, CourseError):
+        return 2, f"error: {error}"
+    if is_out_of_memory(error):
+        return 3, (f"error: the GPU ran out of memory ({str(error).splitlines()[0][:100]}); "
+                   f"lower --batch-size (it is per process), or use a smaller --model")
+    return None
+
+
 def exit_cleanly_on_course_error(main):
-    """Decorate a script's ``main`` so a CourseError becomes one stderr line and exit code 2."""
+    """Decorate a script's ``main`` so a CourseError becomes one stderr line and exit code 2
+    (a GPU out of memory: one line and exit code 3)."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except CourseError as error:
-            print(f"error: {error}", file=sys.stderr, flush=True)
-            sys.exit(2)
         except Exception as error:
-            if type(error).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
+            short = one_line(error)
+            if short is None:
                 raise
-            print(f"error: the GPU ran out of memory ({str(error).splitlines()[0][:100]}); "
-                  f"lower --batch-size (it is per process), or use a smaller --model",
-                  file=sys.stderr, flush=True)
-            sys.exit(3)
+            print(short[1], file=sys.stderr, flush=True)
+            sys.exit(short[0])
 
     return wrapper
 
 
-def record_errors(main):
-    """Write a crashing rank's error where torchrun looks for it, atomically.
+def write_error_file(error):
+    """Write ``error`` where torchrun reads a failed worker's error, if it gave a place.
 
     torchrun (``torch.distributed.elastic``) reads each failed worker's error file
     (``TORCHELASTIC_ERROR_FILE``) to name the root cause. Its own ``@record`` decorator
@@ -59,19 +82,70 @@ def record_errors(main):
     is not restarted (seen here in 1 of 20 kill-and-restart runs). Writing to a
     temporary file and renaming it means torchrun sees no file or a complete one.
     """
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return
+    report = {"message": {"message": f"{type(error).__name__}: {error}",
+                          "extraInfo": {"py_callstack": "".join(
+                              traceback.format_exception(error)),
+                              "timestamp": str(int(time.time()))}}}
+    with files.atomic(path, "w") as f:
+        json.dump(report, f)
+
+
+def record_errors(main):
+    """Decorate a script's ``main`` so that a crash's error goes to torchrun's error file."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
         except Exception as error:
-            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-            if path:
-                report = {"message": {"message": f"{type(error).__name__}: {error}",
-                                      "extraInfo": {"py_callstack": traceback.format_exc(),
-                                                    "timestamp": str(int(time.time()))}}}
-                with files.atomic(path, "w") as f:
-                    json.dump(report, f)
+            write_error_file(error)
             raise
 
     return wrapper
+
+
+def report_to_parent(path):
+    """From now on, ``report`` writes this process's error to ``path`` (for the parent that
+    spawned it to raise) instead of printing it."""
+    global _parent_reads
+    _parent_reads = path
+
+
+def exit_code(error):
+    """The exit status a process that ends with ``error`` should have (see ``report``)."""
+    if isinstance(error, SystemExit):
+        return error.code if isinstance(error.code, int) else 0 if error.code is None else 1
+    short = one_line(error)
+    if short is not None:
+        return short[0]
+    return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
+def report(error):
+    """Say what ended this process, as the two decorators and Python would; return the exit
+    code. A SystemExit: its own code (its message, if it has one). A CourseError or an
+    out-of-memory: its one line (2, 3). Ctrl-C: the traceback, 130 (128 + SIGINT, as a
+    shell reports it). Anything else: torchrun's error file and the traceback, 1. In a
+    worker whose parent reads its error (``report_to_parent``), the error goes to that
+    file instead of the output."""
+    if isinstance(error, SystemExit):
+        if exit_code(error) and not isinstance(error.code, int):
+            print(error.code, file=sys.stderr)
+        return exit_code(error)
+    if _parent_reads is not None:
+        told = {"type": type(error).__name__, "message": str(error),
+                "traceback": "".join(traceback.format_exception(error))}
+        with files.atomic(_parent_reads, "w") as f:
+            json.dump(told, f)
+        return exit_code(error)
+    short = one_line(error)
+    if short is not None:
+        print(short[1], file=sys.stderr)
+        return short[0]
+    if isinstance(error, Exception):
+        write_error_file(error)
+    traceback.print_exception(error)
+    return exit_code(error)

@@ -12,7 +12,10 @@ whole run). KIND is what goes wrong:
 
 A fault fires only in a job's first attempt: after an elastic restart
 (``torchrun --max-restarts``) the job runs clean and can resume from its checkpoint.
-Notebook 04 uses these to show what each failure looks like.
+A fault that could not fire (a step past the run's last, or one it resumed after; a
+rank the job does not have) is refused at the start: steps per epoch change with the
+machine's shape and the dataset, and a demo whose fault silently never happens shows
+nothing. Notebook 04 uses these to show what each failure looks like.
 """
 import os
 import re
@@ -53,14 +56,33 @@ def step_in_epoch(epoch, steps_per_epoch):
     return (epoch - 1) * steps_per_epoch + steps_per_epoch // 2
 
 
-def inject(loader, spec, rank, steps_done=0):
+def check_fires(fault, world_size, epochs, steps_per_epoch, steps_done=0):
+    """Raise a CourseError if ``fault`` can never fire in this run: ``epochs`` epochs of
+    ``steps_per_epoch`` steps (counted as ``FaultyLoader`` counts them: every batch, from
+    0), on ranks 0 to ``world_size - 1``, resumed after ``steps_done`` steps."""
+    last_step = epochs * steps_per_epoch - 1
+    if fault.rank < world_size and steps_done <= fault.step <= last_step:
+        return
+    resumed = f", resumed at step {steps_done}" if steps_done else ""
+    raise CourseError(
+        f"--inject-fault {fault.kind}@{fault.rank}:{fault.step} would never fire: this run's "
+        f"last step is {last_step} ({epochs} epoch(s) x {steps_per_epoch} steps, counted from "
+        f"0{resumed}) and its world size is {world_size} (ranks 0 to {world_size - 1}); pick "
+        f"a step from {steps_done} to {last_step} and a rank below {world_size}")
+
+
+def inject(loader, spec, rank, world_size, epochs, steps_done=0):
     """Wrap a training loader so that the fault in ``spec`` fires on ``rank``, if any.
 
+    ``world_size``, ``epochs``: the job's, to refuse a fault that could never fire.
     ``steps_done``: steps already trained before this process started (after a resume).
     """
     fault = parse(spec)
     first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
-    if fault is None or fault.rank != rank or not first_attempt:
+    if fault is None or not first_attempt:
+        return loader
+    check_fires(fault, world_size, epochs, len(loader), steps_done)
+    if fault.rank != rank:
         return loader
     return FaultyLoader(loader, fault, steps_done)
 

@@ -141,8 +141,8 @@ def fit(args, device):
     if args.resume:
         start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model, optimizer,
                                             scheduler, precision)
-    train_loader = faults.inject(train_loader, args.inject_fault, 0,
-                                 steps_done=(start_epoch - 1) * len(train_loader))
+    train_loader = faults.inject(train_loader, args.inject_fault, 0, world_size,
+                                 args.epochs, steps_done=(start_epoch - 1) * len(train_loader))
 
     # One write per line (end="" with the newline inside), so that lines from processes
     # sharing a terminal never run into each other.

@@ -172,8 +172,8 @@ def fit(args, device, rank, world_size):
                                                          say=is_rank0)):
         start_epoch = 1 + checkpoint.resume(args.out / "checkpoint.pt", model.module, optimizer,
                                             scheduler, precision)
-    train_loader = faults.inject(train_loader, args.inject_fault, rank,
-                                 steps_done=(start_epoch - 1) * len(train_loader))
+    train_loader = faults.inject(train_loader, args.inject_fault, rank, world_size,
+                                 args.epochs, steps_done=(start_epoch - 1) * len(train_loader))
 
     # One write per line (end="" with the newline inside), so that lines from processes
     # sharing a terminal never run into each other.
@@ -262,12 +262,13 @@ def main(argv=None):
                             device_id=device if device.type == "cuda" else None)
     try:
         fit(args, device, rank, world_size)
-    except BaseException:
-        # No collective shutdown on the error path: the other ranks wait in a collective
-        # for this one, and NCCL's destroy would wait for them, so the error would never
-        # reach torchrun. Abort the connections; the others' collectives fail at once.
-        distributed.abort()
-        raise
+    except BaseException as error:
+        # No teardown on the error path: the other ranks wait in a collective for this one,
+        # and NCCL's destroy, or even its abort, can wait for them, so the error would
+        # never reach torchrun. Report the error and end this process at once: torchrun
+        # sees it exit and stops the others (with gloo their collectives may fail sooner,
+        # on the closed connections; with NCCL they wait until then). See distributed.py.
+        distributed.exit_at_once(error)
     dist.destroy_process_group()  # every rank finished: leave the group together
 
 

@@ -1,11 +1,12 @@
 """The bench's processes: spawn N, join them in one group, measure, leave, then rank 0 alone.
 
 Each worker joins the process group, takes its part in the collective measurements
-(``measure.collective``) and leaves the group; a worker whose measurement raises aborts
-the group instead (``distributed.process_group``), so that with NCCL the error ends the
-job rather than a collective shutdown waiting for ranks stuck in a collective. Then the
-other ranks exit, and rank 0 measures what one process measures alone (``solo.alone``)
-and writes the raw results.
+(``measure.collective``) and leaves the group; a worker whose measurement raises ends at
+once instead, tearing nothing down (``distributed.process_group``), so that with NCCL the
+error ends the job rather than a teardown waiting for ranks stuck in a collective; the
+bench's process then stops the others and raises the worker's error
+(``distributed.spawn``). Then the other ranks exit, and rank 0 measures what one process
+measures alone (``solo.alone``) and writes the raw results.
 """
 import json
 import os
@@ -13,11 +14,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from workshop_lib import data, distributed, hardware
 from workshop_lib.bench import measure, solo
-from workshop_lib.errors import CourseError
 
 
 def worker(rank, plan, port, result_path):
@@ -47,14 +46,8 @@ def launch(plan):
         os.environ["OMP_NUM_THREADS"] = "1"  # the workers' OpenMP pools start with one thread
     with tempfile.TemporaryDirectory() as folder:
         result_path = Path(folder) / "raw.json"
-        try:
-            mp.start_processes(worker, args=(plan, distributed.free_port(), str(result_path)),
-                               nprocs=plan.world_size, start_method="spawn", join=True)
-        except mp.ProcessRaisedException as error:
-            # A worker's CourseError (say, a batch larger than a rank's share of the data)
-            # is the learner's to fix: one line, as everywhere in the course.
-            last_line = str(error).strip().splitlines()[-1]
-            if last_line.startswith(f"{CourseError.__module__}.CourseError: "):
-                raise CourseError(last_line.split(": ", 1)[1]) from None
-            raise
+        # A worker's CourseError (say, a batch larger than a rank's share of the data) is
+        # raised here as a CourseError: one line, as everywhere in the course.
+        distributed.spawn(worker, plan.world_size, plan, distributed.free_port(),
+                          str(result_path))
         return json.loads(result_path.read_text())
