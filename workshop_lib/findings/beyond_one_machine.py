@@ -1,4 +1,6 @@
 """Notebook 06, Beyond one machine: its closing findings, computed from its runs."""
+from torch.distributed.constants import default_pg_timeout
+
 from workshop_lib import runlog
 from workshop_lib.findings.base import Finding, Findings, mean, needs_ranks, skipped
 
@@ -54,8 +56,8 @@ def uneven_shards(equal, uneven, join, timeout_s):
         "uneven_hangs",
         f"Uneven steps: the job hung, the rank with more batches in a step's all-reduce and "
         f"the one that had run out in its next collective, until the {timeout_s:g} s timeout "
-        f"failed it after {uneven.seconds:.0f} s in all (the default timeout: "
-        f"{DEFAULT_TIMEOUT_MIN} minutes of hanging)."
+        f"failed it after {uneven.seconds:.0f} s in all (gloo's default timeout: "
+        f"{GLOO_DEFAULT_TIMEOUT_MIN:g} minutes of hanging)."
         if hung else "Uneven steps: the job did NOT hang"
         + (" (it finished)" if uneven.ok else f" but failed otherwise: {uneven.error}") + ".",
         holds=hung))
@@ -69,7 +71,9 @@ def uneven_shards(equal, uneven, join, timeout_s):
     return found
 
 
-DEFAULT_TIMEOUT_MIN = 10  # torch.distributed's default collective timeout (gloo, NCCL)
+# The demo runs on gloo, whose default collective timeout is 30 minutes (NCCL's: 10):
+# torch.distributed.constants.default_pg_timeout, read from the installed torch.
+GLOO_DEFAULT_TIMEOUT_MIN = default_pg_timeout.total_seconds() / 60
 
 
 def layout_table(result):
