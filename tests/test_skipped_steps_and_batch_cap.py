@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workshop_lib import distributed, train, train_ddp
+from workshop_lib import distributed, findings, memory, train, train_ddp
 from workshop_lib.precision import Precision
 
 
@@ -85,3 +85,36 @@ def test_precision_step_says_whether_the_optimizer_stepped():
     fp16.backward(param.sum())
     assert fp16.step(optimizer) is True
     assert param.tolist() == [pytest.approx(0.8)] * 2
+
+
+def fits_up_to(limit, mib_per_sample=0.5):
+    """A fake training step for the search: its memory, or None (out of memory) past
+    ``limit`` samples."""
+    return lambda batch: batch * mib_per_sample if batch <= limit else None
+
+
+def test_the_largest_batch_search_says_when_its_cap_stopped_it():
+    found = memory.search_largest(fits_up_to(1000), start=32, cap=1 << 16)
+    assert (found.batch, found.capped, found.mib_per_sample) == (512, False, 0.5)
+    assert str(found) == "512"
+    capped = memory.search_largest(fits_up_to(10**9), start=32, cap=1 << 16)
+    assert (capped.batch, capped.capped) == (65536, True)
+    assert str(capped) == "at least 65536 (the search cap)"
+    none = memory.search_largest(fits_up_to(16), start=32)
+    assert (none.batch, none.capped) == (None, False)
+    assert memory.largest_batch(None, None, "cpu", None) is None, "no allocator on a CPU"
+
+
+def test_capped_searches_are_compared_per_sample_not_by_batch():
+    plain = memory.search_largest(fits_up_to(10**9, mib_per_sample=1.0))
+    checkpointed = memory.search_largest(fits_up_to(10**9, mib_per_sample=0.3))
+    (found,) = findings.largest_batch(plain, checkpointed, "cuda")
+    assert "at least 65536 (the search cap) without checkpointing" in found.text
+    assert "not at the GPU's memory, so these batches do not compare" in found.text
+    assert "0.30x" in found.text and found.holds
+    same = findings.largest_batch(plain, memory.search_largest(fits_up_to(10**9, 0.8)), "cuda")
+    assert not same["largest_batch"].holds, "0.8x the memory per sample is no real saving"
+    uncapped = findings.largest_batch(memory.search_largest(fits_up_to(3000, 1.0)),
+                                      memory.search_largest(fits_up_to(9000, 0.3)), "cuda")
+    assert "2,048 without checkpointing, 8,192 with it (4x" in uncapped["largest_batch"].text
+    assert findings.largest_batch(None, None, "cpu")["largest_batch"].skipped
