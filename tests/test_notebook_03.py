@@ -8,7 +8,7 @@ from workshop_lib import findings, profile, runlog
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 P = profile.get_profile("cpu", "digits")
-BATCH_SCALE, HOT_FACTOR = 16, 20
+BATCH_SCALE, HOT_FACTOR = 16, P.hot_factor
 
 
 @pytest.fixture(scope="module")

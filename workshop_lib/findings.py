@@ -566,11 +566,13 @@ def accumulation(measured):
         holds=same and calls["accumulated"] < calls["accumulated_without_no_sync"])])
 
 
-def dataparallel(result):
-    """``python -m workshop_lib.dataparallel``'s comparison, or why it did not run."""
+def dataparallel(result, why_skipped=None):
+    """``python -m workshop_lib.dataparallel``'s comparison, or why it did not run
+    (``why_skipped``: the notebook's plan says, ``plans.worked_example``)."""
     if result is None:
-        return Findings([skipped("dataparallel", "DataParallel against DDP needs two GPUs "
-                                                 "or more; this machine has fewer.")])
+        return Findings([skipped("dataparallel", why_skipped or "DataParallel against DDP "
+                                                 "needs two GPUs or more; this machine has "
+                                                 "fewer.")])
     imbalance = result["gpu0_memory_over_mean_of_others"]
     return Findings([Finding(
         "dataparallel", f"On {result['gpus']} GPUs, DDP trained "
