@@ -52,8 +52,8 @@ class Sizes:
 # measured on GPUs: Wide ResNets train at 0.1 at batch 128 (Zagoruyko and
 # Komodakis 2016), so 0.2 is hot but stable there, and its linear scaling to batch 2048,
 # 3.2, is four times the per-sample rate for which Goyal et al. needed warmup (0.1 per
-# 256). Digits' 20x would start the Wide ResNet at 1.0 with momentum 0.9, too hot for the
-# small batch already. Notebook 03's findings judge it (hot_small, linear_breaks).
+# 256). Digits' 20x would start the Wide ResNet at 1.0 with momentum 0.9, likely too hot for
+# its small batch already. Notebook 03's findings judge it (hot_small, linear_breaks).
 MIN_SWEEP_STEPS = 100  # optimizer steps the largest batch of a sweep gets at least
 SIZES = {
     ("cpu", "digits"): Sizes("cnn", epochs=6, batch_size=32, lr=0.01, lr_ref_batch=32,
