@@ -68,6 +68,8 @@ NEWS_PROMPT_WAIT_S = 6
 INSTRUCTOR_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
                       "@jupyter/nbgrader:course-list"]
 pytestmark = pytest.mark.slow
+# train_ddp's start-up line, one per rank: "[rank 1/2] cpu samples=..." ("cuda:1" on GPUs).
+RANK_TAG = re.compile(r"\[rank (\d+)/(\d+)\] \S+ samples=\d+")
 
 
 @pytest.fixture(scope="module")
@@ -570,7 +572,7 @@ def test_torchrun_cell_shows_every_rank_while_the_dashboard_streams(lab_page, sc
     print(f"torchrun cell: {time.monotonic() - start:.1f} s")
     updates_during = dashboard_updates.count(stream) - updates_at_start
 
-    tags = re.findall(r"\[rank (\d+)/(\d+)\] \w+ samples=\d+", output)
+    tags = RANK_TAG.findall(output)
     world_sizes = {int(size) for _, size in tags}
     assert len(world_sizes) == 1, f"one world size in the rank tags: {tags}"
     assert sorted(int(rank) for rank, _ in tags) == list(range(world_sizes.pop())), (

@@ -9,7 +9,7 @@ from workshop_lib.findings import keeping_accuracy_at_scale as nb03
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
 P = profile.get_profile("cpu", "digits")
-BATCH_SCALE, HOT_FACTOR = 16, 20
+BATCH_SCALE, HOT_FACTOR = 16, P.hot_factor
 
 
 @pytest.fixture(scope="module")

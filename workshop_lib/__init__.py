@@ -23,6 +23,7 @@ The training scripts and what they are made of
 The machine, and processes
 - ``hardware``       the machine description every hardware choice reads
 - ``profile``        the workshop profile: where runs go, and their sizes
+- ``plans``          what each notebook launches on a machine, decided without running it
 - ``distributed``    joining and leaving process groups; job ids; free ports
 - ``gloo_exit``      waits for gloo's threads before Python exits (registered on import)
 - ``launch``         a torchrun launcher with rank-tagged output and a failure summary

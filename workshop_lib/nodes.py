@@ -83,27 +83,39 @@ def gpu_slices(visible, nnodes):
     return [visible[i * per_node:(i + 1) * per_node] for i in range(nnodes)]
 
 
-def node_envs(nnodes, nproc, visible):
+def node_envs(nnodes, nproc, visible, device="auto"):
     """(processes per node, each node's environment) for ``nnodes`` nodes on this machine
-    with the GPUs ``visible`` (CUDA indices). ``nproc`` "auto": an equal share of the GPUs
-    per node if there are enough for one each, else one CPU process per node (and the GPUs
-    hidden, so that no two nodes' ``--device auto`` pick the same one)."""
-    if nproc in ("auto", "gpu") and len(visible) >= nnodes:
-        per_node = len(visible) // nnodes
-    elif nproc == "gpu":
-        raise CourseError(f"--nproc-per-node=gpu on {nnodes} nodes needs at least {nnodes} "
-                          f"GPUs; this machine has {len(visible)}")
-    else:
+    with the GPUs ``visible`` (CUDA indices), their processes on ``device``:
+
+    - "cuda": each node its own equal share of the GPUs, one process per GPU (``nproc``
+      "auto": the whole share; a number: that many of it);
+    - "cpu": ``nproc`` CPU processes per node ("auto": one), the GPUs hidden, so that no
+      process of a job meant for the CPU touches one (notebook 06 under profile "cpu");
+    - "auto": "cuda" if there are GPUs enough for one per process, else "cpu".
+    """
+    if nproc == "gpu":
+        device, nproc = "cuda", "auto"
+    if device == "auto":
+        wanted = nnodes if nproc == "auto" else nnodes * int(nproc)
+        device = "cuda" if wanted <= len(visible) else "cpu"
+    if device == "cuda":
+        per_node = len(visible) // nnodes if nproc == "auto" else int(nproc)
+        if per_node < 1 or per_node * nnodes > len(visible):
+            needed = nnodes * max(per_node, 1)
+            raise CourseError(f"{nnodes} nodes of {max(per_node, 1)} GPU process(es) each "
+                              f"needs at least {needed} GPUs; this machine has {len(visible)} "
+                              f"(run them on the CPU: --device cpu)")
+    elif device == "cpu":
         per_node = 1 if nproc == "auto" else int(nproc)
+    else:
+        raise ValueError(f"device is 'auto', 'cpu' or 'cuda', got {device!r}")
     # The machine's cores are shared by every node's processes, not by one node's only.
     shared = {**NODE_ENV, **launch.RESTART_SAFE_ENV,
               hardware.SHARERS_ENV: str(nnodes * per_node)}
-    if per_node * nnodes <= len(visible):  # each node its own GPUs, as on real nodes
-        return per_node, [{**shared, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    if device == "cuda":  # each node its own GPUs, as on real nodes
+        return per_node, [{**shared, "CUDA_VISIBLE_DEVICES": ",".join(gpus[:per_node])}
                           for gpus in gpu_slices(visible, nnodes)]
-    if nproc == "auto" and visible:
-        shared["CUDA_VISIBLE_DEVICES"] = ""
-    return per_node, [shared] * nnodes
+    return per_node, [{**shared, "CUDA_VISIBLE_DEVICES": ""}] * nnodes
 
 
 def rendezvous_rounds(agent_output):
@@ -273,18 +285,20 @@ class NodesJob:
 
 
 def start(target, nnodes="2", nproc="auto", max_restarts=0, env=None, quiet=False,
-          stream=None, port=None, run_id=None, rdzv_conf=None):
+          stream=None, port=None, run_id=None, rdzv_conf=None, device="auto"):
     """Start one torchrun agent per node on this machine and return a ``NodesJob``.
 
     ``nnodes``: "N", or "MIN:MAX" (elastic: the job goes on while MIN nodes remain; MAX
-    agents are started). ``nproc``: processes per node; "auto" gives each node an equal
-    share of the GPUs if there are enough, else one CPU process per node.
+    agents are started). ``nproc``: processes per node, on ``device`` ("cuda", "cpu" or
+    "auto", see ``node_envs``); "auto" gives each node an equal share of the GPUs if
+    there are enough, else one CPU process per node. Give the target the same device
+    (``--device``): the environment only hides or shares out the GPUs.
     """
     _, count = parse_nnodes(nnodes)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = visible.split(",") if visible else [
-        str(i) for i in range(hardware.detect().gpus)]
-    per_node, envs = node_envs(count, nproc, visible)
+    visible = visible.split(",") if visible else (
+        [] if device == "cpu" else [str(i) for i in range(hardware.detect().gpus)])
+    per_node, envs = node_envs(count, nproc, visible, device)
     port = port or free_port()
     launch.check_port_free(port, HOST)
     run_id = run_id or f"nodes-{secrets.token_hex(4)}"
@@ -305,7 +319,7 @@ def start(target, nnodes="2", nproc="auto", max_restarts=0, env=None, quiet=Fals
 
 
 def run(target, nnodes="2", nproc="auto", max_restarts=0, timeout=None, env=None,
-        quiet=False, stream=None, port=None, run_id=None, rdzv_conf=None):
+        quiet=False, stream=None, port=None, run_id=None, rdzv_conf=None, device="auto"):
     """Run ``target`` on ``nnodes`` local nodes; return the NodesResult (see ``start``)."""
     return start(target, nnodes, nproc, max_restarts, env, quiet, stream, port, run_id,
-                 rdzv_conf).wait(timeout)
+                 rdzv_conf, device).wait(timeout)

@@ -41,9 +41,20 @@ class Precision:
         self.scaler.scale(loss).backward()
 
     def step(self, optimizer):
-        """optimizer.step(), unscaling first (and skipping an overflowed step) with fp16."""
+        """optimizer.step(), unscaling first (and skipping an overflowed step) with fp16.
+        Returns whether the optimizer stepped: the learning-rate schedule counts only the
+        steps taken (a schedule stepped after a skipped step would run ahead of the
+        optimizer, and PyTorch warns when that happens before the first real step)."""
+        if not self.scaler.is_enabled():
+            self.scaler.step(optimizer)  # disabled: optimizer.step() itself
+            return True
+        scale = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
+        # update() lowers the scale exactly when the gradients overflowed and the step was
+        # skipped (it raises it only after many good steps). Reading the scale waits for
+        # the GPU, as scaler.step() already did to learn whether they overflowed.
+        return self.scaler.get_scale() >= scale
 
     def state_dict(self):
         return self.scaler.state_dict()

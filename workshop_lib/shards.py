@@ -51,17 +51,22 @@ def write(samples, folder, num_shards, split):
         raise CourseError(f"--num-shards must be between 1 and the {split} samples "
                           f"({len(samples)}), got {num_shards}")
     Path(folder).mkdir(parents=True, exist_ok=True)
-    counts = []
-    for i in range(num_shards):
-        part = samples[i * len(samples) // num_shards:(i + 1) * len(samples) // num_shards]
+    counts, start = shard_counts(len(samples), num_shards), 0
+    for i, count in enumerate(counts):
+        part, start = samples[start:start + count], start + count
         with wds.TarWriter(str(shard_path(folder, split, i))) as sink:
             for j, (x, label) in enumerate(part):
                 buffer = io.BytesIO()
                 torch.save(x.clone(), buffer)
                 sink.write({"__key__": f"{i:05d}-{j:06d}", "x.pth": buffer.getvalue(),
                             "cls": str(int(label)).encode()})
-        counts.append(len(part))
     return counts
+
+
+def shard_counts(samples, num_shards):
+    """How many of ``samples`` each of ``num_shards`` shards holds: as equal as can be."""
+    return [(i + 1) * samples // num_shards - i * samples // num_shards
+            for i in range(num_shards)]
 
 
 def write_index(folder, info, train_samples, val_samples, num_shards):

@@ -117,9 +117,10 @@ def train_epoch(model, loader, optimizer, scheduler, precision, accumulate, prog
         with saved.counting(i == 0), sync:
             loss = backward(model, x, y, precision, accumulate)
         if last:
-            precision.step(optimizer)
+            stepped = precision.step(optimizer)  # False: fp16 skipped an overflowed step
             optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
+            if stepped:
+                scheduler.step()
         # Sum on the device, count on the host: loss.item() or building a tensor from a
         # Python number here would make every step wait for the GPU (a host-device sync).
         loss_sum += loss * len(y)

@@ -48,6 +48,34 @@ def remedies(runs, base_name):
     return found
 
 
+def largest_batch(plain, checkpointed, device):
+    """``memory.largest_batch`` without and with gradient checkpointing (``LargestBatch``
+    results, None where ``device`` has no allocator to run out of). Where a search reached
+    its cap, the cap and not the memory ended it: the step's memory per sample compares
+    them instead."""
+    if plain is None or checkpointed is None:
+        return Findings([skipped("largest_batch", f"no GPU allocator to run out of on "
+                                                  f"{device}: the largest batch is a GPU "
+                                                  f"figure.")])
+    if plain.batch is None or checkpointed.batch is None:
+        return Findings([Finding("largest_batch", f"Not even the first batch tried fitted "
+                                 f"(without checkpointing: {plain}; with: {checkpointed}).",
+                                 holds=False)])
+    ratio = checkpointed.mib_per_sample / plain.mib_per_sample
+    per_sample = (f"per sample a step took {plain.mib_per_sample:.3f} MiB without "
+                  f"checkpointing and {checkpointed.mib_per_sample:.3f} MiB with it "
+                  f"({ratio:.2f}x; the bar {SAVES_LESS:.0%})")
+    if plain.capped or checkpointed.capped:
+        said = (f"The largest batch that fits: {plain} without checkpointing, {checkpointed} "
+                f"with it. The search stopped at its cap of {plain.cap:,}, not at the GPU's "
+                f"memory, so these batches do not compare; {per_sample}.")
+    else:
+        said = (f"The largest batch that fits: {plain.batch:,} without checkpointing, "
+                f"{checkpointed.batch:,} with it ({checkpointed.batch / plain.batch:g}x, in "
+                f"powers of two); {per_sample}.")
+    return Findings([Finding("largest_batch", said, holds=ratio <= SAVES_LESS)])
+
+
 def accumulation(measured):
     """``equivalence``'s accumulation figures: the same step, and the all-reduces saved."""
     calls = measured["all_reduces"]
@@ -61,11 +89,13 @@ def accumulation(measured):
         holds=same and calls["accumulated"] < calls["accumulated_without_no_sync"])])
 
 
-def dataparallel(result):
-    """``python -m workshop_lib.dataparallel``'s comparison, or why it did not run."""
+def dataparallel(result, why_skipped=None):
+    """``python -m workshop_lib.dataparallel``'s comparison, or why it did not run
+    (``why_skipped``: the notebook's plan says, ``plans.worked_example``)."""
     if result is None:
-        return Findings([skipped("dataparallel", "DataParallel against DDP needs two GPUs "
-                                                 "or more; this machine has fewer.")])
+        return Findings([skipped("dataparallel", why_skipped or "DataParallel against DDP "
+                                                 "needs two GPUs or more; this machine has "
+                                                 "fewer.")])
     imbalance = result["gpu0_memory_over_mean_of_others"]
     return Findings([Finding(
         "dataparallel", f"On {result['gpus']} GPUs, DDP trained "

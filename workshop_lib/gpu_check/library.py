@@ -5,7 +5,6 @@ signature or return value, the fix is here, in a line, and the steps stay as the
 Nothing here imports a training module at module level: the check's own process holds
 only the standard library and torch.
 """
-import inspect
 import json
 from pathlib import Path
 
@@ -94,22 +93,12 @@ def trace_step_prefix():
 
 def largest_batch(model_name, dataset, grad_checkpointing, device=DEVICE):
     """``memory.largest_batch`` for a model on a dataset's image shape (no data loaded):
-    ``(largest batch that fits, whether that is the search's cap, the cap)``.
-
-    Today's function returns a bare number and says nothing when it stopped at its cap
-    (issue 20, item 9); a result that carries its own flag (an object with ``capped``,
-    or a ``(batch, capped)`` pair) is read as it is.
-    """
+    ``(largest batch that fits, whether the search's cap stopped it, the cap)``."""
     from workshop_lib import data, memory, models, precision
 
     info = data.DATASETS[dataset]
-    cap = inspect.signature(memory.largest_batch).parameters["limit"].default
     result = memory.largest_batch(lambda: models.build(model_name, info, grad_checkpointing),
                                   info, device, precision.PLAIN)
-    if isinstance(result, tuple):
-        fits, capped = result[0], bool(result[1])
-    elif hasattr(result, "capped"):
-        fits, capped = getattr(result, "batch", getattr(result, "fits", None)), result.capped
-    else:  # the search doubles from 32 while the batch is at most the cap
-        fits, capped = result, result is not None and result * 2 > cap
-    return fits, capped, cap
+    if result is None:  # no GPU allocator to run out of
+        return None, False, memory.SEARCH_CAP
+    return result.batch, result.capped, result.cap
