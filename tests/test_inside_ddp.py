@@ -275,7 +275,7 @@ def provided_code(path):
 def test_exercise_stubs_keep_the_reference_code_they_provide(key):
     """A stub copies the code the learner does not write; it must not drift from the
     library's (the check's reference)."""
-    stub = provided_code(FILES / f"inside_ddp_{key}_stub.py")
+    stub = provided_code(FILES / f"{key}_stub.py")
     reference = provided_code(inspect.getsourcefile(
         {"overlap": overlap, "buckets": buckets, "zero1": zero1}[key]))
     assert stub, "the stub provides some code"

@@ -8,7 +8,9 @@ import pytest
 
 from conftest import REPO, run_course_command
 from workshop_lib import labs
-from workshop_lib.labs import beyond, challenge, sampler, welcome
+from workshop_lib.labs import beyond_one_machine as beyond
+from workshop_lib.labs import from_one_gpu_to_many, welcome
+from workshop_lib.labs import keeping_accuracy_at_scale as challenge
 
 EXERCISES = labs._load()
 FILES = REPO / "workshop_lib" / "labs" / "files"
@@ -24,6 +26,36 @@ def test_at_least_six_exercises_across_the_first_five_notebooks():
     assert {e.notebook[:2] for e in EXERCISES.values()} >= {"00", "01", "02", "03", "04"}
 
 
+def test_every_notebook_has_its_labs_module_and_every_exercise_lives_in_its_notebooks():
+    """notebooks/NN_<slug>.ipynb <-> labs/<slug>.py: an exercise is found by its module's
+    name, and a module holds only its notebook's exercises."""
+    slugs = {p.stem[3:]: p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    for slug in slugs:
+        assert (REPO / "workshop_lib" / "labs" / f"{slug}.py").is_file(), slug
+    for key, exercise in EXERCISES.items():
+        module = exercise.check.__module__.rpartition(".")[2]
+        assert slugs.get(module) == exercise.notebook, (key, module, exercise.notebook)
+        assert exercise.writes.strip(), f"{key} does not say what the learner writes"
+
+
+def test_the_exercises_files_are_named_by_their_exercise():
+    keys = set(EXERCISES)
+    for path in FILES.glob("*.py"):
+        key, _, role = path.stem.rpartition("_")
+        assert key in keys and role in ("stub", "solution", "excerpt"), (
+            f"{path.name}: name it <key>_stub.py, <key>_solution.py or <key>_excerpt.py")
+
+
+def test_the_learners_to_do_list_fits_one_screen():
+    from workshop_lib.labs.__main__ import todo
+
+    lines = todo(list(EXERCISES.values())).splitlines()
+    assert len(lines) <= 48, lines
+    for key, exercise in EXERCISES.items():
+        assert any(key in line for line in lines) and any(exercise.writes in line
+                                                         for line in lines)
+
+
 @pytest.mark.parametrize("key", sorted(EXERCISES))
 def test_each_notebook_checks_its_exercise_and_offers_the_solution(key):
     sources = "\n".join(cells(EXERCISES[key].notebook))
@@ -34,7 +66,7 @@ def test_each_notebook_checks_its_exercise_and_offers_the_solution(key):
 @pytest.mark.parametrize("key,stub,marker", [
     ("conversion", "conversion_stub.py", "%%writefile my_train_ddp.py\n"),
     ("from_scratch", "from_scratch_stub.py", "%%writefile my_naive_ddp.py\n"),
-    ("debugging", "debug_job.py", "%%writefile my_debug_job.py\n"),
+    ("debugging", "debugging_stub.py", "%%writefile my_debug_job.py\n"),
     ("sgd", "sgd_stub.py", ""),
 ])
 def test_the_exercise_cell_holds_the_librarys_stub(key, stub, marker):
@@ -53,7 +85,8 @@ def literal_assigned(sources, name):
 
 
 def test_the_answer_cells_ask_what_the_checks_judge():
-    assert literal_assigned(cells("02_from_one_gpu_to_many"), "my_answers") == sampler.stub()
+    assert literal_assigned(cells("02_from_one_gpu_to_many"), "my_answers") == \
+        from_one_gpu_to_many.sampler_stub()
     assert literal_assigned(cells("00_welcome"), "observed") == welcome.stub()
     assert literal_assigned(cells("03_keeping_accuracy_at_scale"), "my_runs") == \
         challenge.STUB
@@ -147,8 +180,8 @@ def test_notebook_04_cuts_the_job_down_because_ddp_crashes_under_detail_on_gloo(
                             env={**env, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
                             capture_output=True, text=True, timeout=120)
     assert detail.returncode == -signal.SIGSEGV, (detail.returncode, detail.stderr[-2000:])
-    script = (FILES / "debug_mismatch.py").read_text()
-    job = (FILES / "debug_job.py").read_text()
+    script = (FILES / "debugging_excerpt.py").read_text()
+    job = (FILES / "debugging_stub.py").read_text()
     for line in ("dist.all_reduce(sums)", "dist.barrier()"):
         assert line in script and line in job, f"the cut-down script keeps {line!r}"
 

@@ -206,7 +206,7 @@ def test_the_assessment_grades_on_the_gpus_it_has(monkeypatch):
     """The engine that grades notebook 02's conversion and the assessment: one process per
     GPU with NCCL on two or more, else two CPU processes. (Their sizes belong to the engine's
     ``Config``; ``plans.conversion_check`` is where they join the plans above.)"""
-    from workshop_lib.labs import conversion
+    from workshop_lib.labs import from_one_gpu_to_many as conversion
 
     engine = conversion.engine()
     monkeypatch.delenv(engine.NPROC_ENV, raising=False)

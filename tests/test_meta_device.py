@@ -273,8 +273,8 @@ NOTEBOOK_02 = REPO / "notebooks/02_from_one_gpu_to_many.ipynb"
 CASES = {
     "train.py": module_functions(train),
     "train_ddp.py": module_functions(train_ddp, wrapped=True),
-    "debug_job.py": script(FILES / "debug_job.py", course_functions),
-    "debug_job_fixed.py": script(FILES / "debug_job_fixed.py", course_functions),
+    "debugging_stub.py": script(FILES / "debugging_stub.py", course_functions),
+    "debugging_solution.py": script(FILES / "debugging_solution.py", course_functions),
     "conversion_stub.py": script(FILES / "conversion_stub.py", exercise_trainer),
     "conversion_solution.py": script(FILES / "conversion_solution.py", exercise_trainer),
     "notebook 02: my_train_ddp.py": cell_script(NOTEBOOK_02, "my_train_ddp.py",

@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO, execute_notebook, notebook_text_outputs
 from workshop_lib import runlog
 from workshop_lib.findings import beyond_one_machine as nb06
-from workshop_lib.labs import beyond
+from workshop_lib.labs import beyond_one_machine as beyond
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, papermill
 NAME = "06_beyond_one_machine.ipynb"

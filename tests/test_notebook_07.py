@@ -30,7 +30,7 @@ def cell_text(cell):
 def test_the_exercise_cells_hold_the_librarys_stubs():
     sources = [cell.source for cell in nbformat.read(REPO / "notebooks" / NAME, 4).cells]
     for key in EXERCISES:
-        stub = (lab.FILES / f"inside_ddp_{key}_stub.py").read_text().strip("\n")
+        stub = (lab.FILES / f"{key}_stub.py").read_text().strip("\n")
         assert f"%%writefile my_{key}.py\n{stub}" in sources, key
         assert f'labs.solution("{key}", path="my_{key}.py")' in "\n".join(sources)
 

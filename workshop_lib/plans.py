@@ -109,7 +109,7 @@ def one_to_many(p):
 def conversion_check(p):
     """The launch of notebook 02's conversion check (the learner's script under torchrun,
     judged by the assessment's engine) on the profile's shape. Its sizes (epochs, batch,
-    target) are the engine's, set in ``labs/conversion.py``: where they come to depend on
+    target) are the engine's, set in ``labs/from_one_gpu_to_many.py``: where they come to depend on
     the profile, return them here as ``batch_size`` and ``steps``, and the plan test
     checks them with the rest."""
     return _ddp("conversion_check", p)

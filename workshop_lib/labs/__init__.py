@@ -14,9 +14,12 @@ prints one; with ``solutions = True`` in a notebook's parameters cell (papermill
 sets it) the exercise cells use them. (The assessment's solution is not here: it stays
 with the instructor.)
 
-Exercises, by notebook: ``welcome`` (00), ``sgd`` (01), ``sampler``, ``conversion`` and
-``from_scratch`` (02), ``challenge`` (03), ``debugging`` (04), ``fit_in_memory`` (05),
-``sbatch_header`` (06), ``overlap``, ``buckets`` and ``zero1`` (07).
+One rule places everything: notebook ``notebooks/NN_<slug>.ipynb`` has its exercises in
+``labs/<slug>.py`` (each ends in ``register(Exercise(...))``), their files in
+``labs/files/<key>_stub.py`` and ``<key>_solution.py``, its closing sentences in
+``findings/<slug>.py`` and its test in ``tests/test_notebook_NN.py``. The exercises are
+found by importing this package's modules, never listed: ``python -m workshop_lib.labs
+list`` prints the learner's whole to-do list.
 """
 import inspect
 from collections.abc import Callable
@@ -45,6 +48,7 @@ class Exercise:
     key: str
     notebook: str        # the notebook whose cells hold it
     title: str
+    writes: str          # what the learner writes, and where: one line of the to-do list
     check: Callable      # check(answer, **context) -> Verdict
     stub: Callable       # stub(**context) -> the answer the committed notebook holds
     solution: Callable   # solution(**context) -> the reference answer
@@ -62,20 +66,15 @@ def register(exercise):
 
 
 def _load():
-    """Import every exercise module (each registers its exercises)."""
-    from workshop_lib.labs import (  # noqa: F401
-        beyond,
-        challenge,
-        conversion,
-        debugging,
-        from_scratch,
-        inside_ddp,
-        sampler,
-        sgd,
-        welcome,
-        worked_example,
-    )
-    return EXERCISES
+    """Import every module of this package: each notebook's module registers its exercises,
+    in the notebooks' order."""
+    import importlib
+    import pkgutil
+
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+    return dict(sorted(EXERCISES.items(), key=lambda item: item[1].notebook))
 
 
 def get(key):

@@ -24,6 +24,21 @@ def prove(exercise):
     return on_stub, on_solution, time.perf_counter() - start, problems
 
 
+def todo(exercises):
+    """Everything the learner writes in the course, on one screen: per notebook, each
+    exercise's key, what it asks, and what the learner writes."""
+    lines, notebook = [], None
+    for exercise in exercises:
+        if exercise.notebook != notebook:
+            notebook = exercise.notebook
+            lines.append(f"notebooks/{notebook}.ipynb")
+        lines.append(f"  [ ] {exercise.key:14} {exercise.title}")
+        lines.append(f"      {'':14} you write {exercise.writes}")
+    lines.append(f"{len(exercises)} exercises; labs.check(key, answer) judges each, "
+                 f"labs.show_solution(key) prints a reference answer")
+    return "\n".join(lines)
+
+
 @exit_cleanly_on_course_error
 def main(argv=None):
     parser = cli.ArgumentParser(prog="python -m workshop_lib.labs", description=__doc__)
@@ -37,8 +52,7 @@ def main(argv=None):
                           f"{', '.join(exercises)}")
     chosen = [exercises[key] for key in args.keys] if args.keys else list(exercises.values())
     if args.command == "list":
-        for exercise in chosen:
-            print(f"{exercise.key:14} {exercise.notebook:32} {exercise.title}")
+        print(todo(chosen))
         return 0
     failed = 0
     for exercise in chosen:

@@ -1,7 +1,7 @@
 """Notebook 07, "Inside DDP": the learner writes the core of overlap, buckets and ZeRO-1.
 
 Each exercise is a file (a ``%%writefile`` cell) defining one class, with the core left
-for the learner (``files/inside_ddp_*_stub.py``); the reference is the library's own module
+for the learner (``files/<key>_stub.py``); the reference is the library's own module
 (``workshop_lib/inside_ddp/``). The check launches ``workshop_lib.inside_ddp.verify`` with
 the learner's file on two gloo processes and judges what the class did:
 
@@ -131,23 +131,25 @@ def write(text, path, name):
     return path
 
 
-def exercise(key, title, check):
+def exercise(key, title, writes, check):
     def stub(path=None):
-        return write((FILES / f"inside_ddp_{key}_stub.py").read_text(), path, f"my_{key}.py")
+        return write((FILES / f"{key}_stub.py").read_text(), path, f"my_{key}.py")
 
     def solution(path=None):
         """The library's own module (workshop_lib/inside_ddp/) is the reference."""
         return write((LIBRARY / f"{key}.py").read_text(), path, f"my_{key}.py")
 
-    register(Exercise(key, "07_inside_ddp", title, check=check, stub=stub, solution=solution,
+    register(Exercise(key, "07_inside_ddp", title, writes=f"my_{key}.py: {writes}",
+                      check=check, stub=stub, solution=solution,
                       stub_reason="NotImplementedError"))
 
 
 exercise("overlap", "start each gradient's all-reduce from a hook during backward",
-         check_overlap)
+         "the gradient hooks and the wait before the step", check_overlap)
 exercise("buckets", "all-reduce gradients in buckets, in the order backward makes them",
-         check_buckets)
-exercise("zero1", "shard the optimizer state over the ranks (ZeRO-1)", check_zero1)
+         "the buckets and their all-reduces", check_buckets)
+exercise("zero1", "shard the optimizer state over the ranks (ZeRO-1)",
+         "each rank's share of the step, and the broadcast back", check_zero1)
 
 
 def checked_cases(**verdicts):

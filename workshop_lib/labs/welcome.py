@@ -75,5 +75,6 @@ def context():
 
 
 register(Exercise("welcome", "00_welcome", "record what each process of the first run did",
+                  writes="observed: what each process of the first DDP job reported",
                   check=check, stub=stub, solution=solution, stub_reason="fill in what you saw",
                   context=context, shown=shown))

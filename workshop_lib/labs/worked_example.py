@@ -64,6 +64,8 @@ def check(my_flags):
 
 
 register(Exercise("fit_in_memory", "05_worked_example", "train at global batch 256 where "
-                  "only batch 64 fits", check=check, stub=lambda: "--batch-size 256",
+                  "only batch 64 fits",
+                  writes="my_flags: train.py flags that fit global batch 256 in the budget",
+                  check=check, stub=lambda: "--batch-size 256",
                   solution=lambda: "--batch-size 64 --accumulate 4",
                   stub_reason="it would not fit"))

@@ -93,5 +93,6 @@ STUB = {"mine": "--lr-scaling none"}
 REFERENCE = {"linear_warmup": "--lr-scaling linear --warmup-epochs 1"}
 
 register(Exercise("challenge", "03_keeping_accuracy_at_scale", "keep the accuracy at k x the batch",
+                  writes="my_runs: the flags of your runs at k x the batch, within the budget",
                   check=check, stub=lambda **_: dict(STUB), solution=lambda **_: dict(REFERENCE),
                   stub_reason="none of your runs", context=context))

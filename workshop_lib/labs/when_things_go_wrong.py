@@ -1,9 +1,9 @@
 """Notebook 04, "Debug this job": a DDP script that hangs; the learner finds why and fixes it.
 
-``files/debug_job.py`` trains, evaluates after each epoch and saves a checkpoint from rank
+``files/debugging_stub.py`` trains, evaluates after each epoch and saves a checkpoint from rank
 0, and stops making progress at the end of its first epoch. The learner reads the
 launcher's summary, dumps the stuck ranks' stacks (``Job.dump_stacks()``, py-spy), runs
-the job's end-of-epoch collectives cut down to ``files/debug_mismatch.py`` with
+the job's end-of-epoch collectives cut down to ``files/debugging_excerpt.py`` with
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and writes the fixed script. The check runs
 the learner's script on two processes: it must finish, and the accuracy it reports must
 cover the whole validation set (a "fix" that drops the all-reduce finishes too, but
@@ -58,14 +58,15 @@ def copy(name, path=None, default="my_debug_job.py"):
 
 
 def mismatch_script(path=None):
-    """A copy of ``files/debug_mismatch.py``: the end of debug_job.py's epoch (the same
+    """A copy of ``files/debugging_excerpt.py``: the end of debug_job.py's epoch (the same
     collectives in the same order on each rank) without the model, small enough to run with
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo, where PyTorch 2.14's ``DDP(...)`` crashes
     under ``DETAIL`` (tests/test_labs.py pins both)."""
-    return copy("debug_mismatch.py", path, default="debug_mismatch.py")
+    return copy("debugging_excerpt.py", path, default="debug_mismatch.py")
 
 
 register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hanging DDP job",
-                  check=check, stub=lambda path=None: copy("debug_job.py", path),
-                  solution=lambda path=None: copy("debug_job_fixed.py", path),
+                  writes="my_debug_job.py: the hanging job, fixed",
+                  check=check, stub=lambda path=None: copy("debugging_stub.py", path),
+                  solution=lambda path=None: copy("debugging_solution.py", path),
                   stub_reason="still fails"))

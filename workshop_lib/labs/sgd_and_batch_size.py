@@ -55,6 +55,7 @@ def check(my_sgd, problem=None):
 
 
 register(Exercise("sgd", "01_sgd_and_batch_size", "write mini-batch SGD",
+                  writes="my_sgd: one epoch of mini-batch SGD on the toy problem",
                   check=check, stub=lambda: load("sgd_stub.py"),
                   solution=lambda: load("sgd_solution.py"),
                   shown=lambda: (FILES / "sgd_solution.py").read_text(),

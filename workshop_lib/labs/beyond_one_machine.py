@@ -191,5 +191,7 @@ def solution(path=None):
 
 
 register(Exercise("sbatch_header", "06_beyond_one_machine",
-                  "ask SLURM for 2 nodes x 4 GPUs", check=check, stub=lambda: STUB,
+                  "ask SLURM for 2 nodes x 4 GPUs",
+                  writes="my_job.sbatch: the #SBATCH lines of a 2-node x 4-GPU torchrun job",
+                  check=check, stub=lambda: STUB,
                   solution=solution, stub_reason="would not fit the job"))
