@@ -206,3 +206,11 @@ def test_show_solution_prints_the_answer_not_the_code_that_loads_it(key, capsys)
     shown = capsys.readouterr().out
     assert SOLUTION_MARKERS[key] in shown, shown[:500]
     assert "lambda" not in shown.splitlines()[0] and 'copy("' not in shown, shown[:500]
+
+
+def test_every_notebook_has_its_own_test_and_findings_module():
+    """notebooks/NN_<slug>.ipynb <-> findings/<slug>.py <-> tests/test_notebook_NN.py."""
+    for path in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"):
+        number, slug = path.stem[:2], path.stem[3:]
+        assert (REPO / "tests" / f"test_notebook_{number}.py").is_file(), path.name
+        assert (REPO / "workshop_lib" / "findings" / f"{slug}.py").is_file(), path.name
