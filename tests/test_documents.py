@@ -7,7 +7,7 @@ import pytest
 
 from conftest import REPO
 
-DOCUMENTS = ("README.md", "INSTRUCTORS.md", "CONTRIBUTING.md", "docs/engineering-notes.md")
+DOCUMENTS = ("README.md", "INSTRUCTORS.md", "CONTRIBUTING.md")
 README_MOST_LINES = 120
 FIRST_SCREEN = 24  # lines: a terminal's height
 # Named in the documents, made by work of the same round that lands separately: each entry

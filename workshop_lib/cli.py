@@ -1,7 +1,14 @@
 """The flags both training scripts share, with their checks.
 
 ``--batch-size`` is per process. The global batch, which sets the dynamics of SGD, is
-``batch_size * world_size``; the scripts print and log it.
+``batch_size x accumulate x world_size``; the scripts print and log it. ``--lr-scaling
+none|linear|sqrt`` with ``--lr-ref-batch``, ``--warmup-epochs`` (from the unscaled rate,
+``--warmup-from base``, as Goyal et al.) and ``--schedule cosine|constant`` adapt the
+learning rate to it; ``--optimizer lars`` adds layer-wise trust ratios. The worked
+example's tools: ``--amp bf16|fp16`` (fp16 with a gradient scaler), ``--accumulate N``
+(the DDP script skips the all-reduce with ``no_sync()`` for all but the last of N
+batches), ``--grad-checkpointing``, ``--channels-last``. Each flag's ``--help`` says its
+part.
 """
 import argparse
 import os

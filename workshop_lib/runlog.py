@@ -4,6 +4,13 @@ Line 1 (``"event": "start"``): the arguments, derived quantities (world size, pe
 and global batch, steps per epoch, learning rate) and the software and hardware.
 Then one ``"event": "epoch"`` line per epoch, and a final ``"event": "end"`` line.
 Notebooks, plots and tests read this file (``read``), never the console output.
+
+An epoch record holds the losses, the validation accuracy, the learning rate, the global
+batch, samples/s, the epoch's time (training only), the bytes a step saved for backward
+and, on GPUs, the peak memory. Beside it, ``<out>/checkpoint.pt`` (``checkpoint.py``):
+written atomically by rank 0 only, it loads into the plain model and names the torchrun
+job that wrote it; ``--resume`` continues a run from it, and the DDP script does so by
+itself after an elastic restart, from its own job's checkpoint only.
 """
 import json
 from dataclasses import dataclass, field

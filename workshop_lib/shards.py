@@ -20,7 +20,12 @@ not samples:
   ``uneven_inputs.py``, notebook 06's demo of both).
 
 ``tfrecord_samples`` reads TFRecord files (written by TensorFlow pipelines) with the
-``tfrecord`` package, no TensorFlow needed, so a learner's own records feed the same shards.
+``tfrecord`` package, no TensorFlow needed, so a learner's own records feed the same shards
+(``python -m workshop_lib.data shards --from-tfrecord TRAIN VAL --shape C,H,W``).
+
+Measured here (digits, 2 CPU ranks): the same accuracy within 1 pp as the in-memory
+loader, at about half its samples/s (notebook 06 judges it with a 2 pp bar,
+``findings/beyond_one_machine.py``'s ``SHARDS_ACCURACY_PP``).
 """
 import io
 import json

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CONVERSION_SOLUTION = REPO / "workshop_lib" / "labs" / "files" / "conversion_solution.py"
-CONVERSION_TARGET = 0.85  # labs/from_one_gpu_to_many.py's conversion target_accuracy, which the lab judges by
+CONVERSION_TARGET = 0.85  # the conversion lab's target_accuracy (labs/from_one_gpu_to_many.py)
 LR_SCHEDULER_WARNING = "lr_scheduler.step()"  # PyTorch's "called before optimizer.step()"
 GRAD_SCALER_INIT_SCALE = 2.0 ** 16  # torch.amp.GradScaler's default init_scale
 DEVICE = "cuda"  # the device the steps' commands ask for (the tests read them on the CPU)

@@ -11,7 +11,12 @@ first, with what error and exit code, and how many restarts were used.
         --inject-fault kill@1:50
     python -m workshop_lib.launch --nnodes=2 --nproc-per-node=1 -m workshop_lib.train_ddp
 
-From Python (notebooks): ``result = launch.run(["-m", "workshop_lib.train_ddp", ...])``.
+From Python (notebooks): ``result = launch.run(["-m", "workshop_lib.train_ddp", ...])``;
+``launch.start`` returns the running job, whose ``dump_stacks()`` prints each rank's Python
+stack while it seems stuck (py-spy). torchrun's internal tracebacks go to a log folder.
+A rank that stops calling collectives becomes an error once the others' next collective
+times out (``--dist-timeout``); ``faults.py`` makes a rank fail on purpose to show each
+case (notebook 04, ``tests/test_reliability.py``).
 With ``--nnodes``, one torchrun agent per node, all on this machine (``nodes.py``).
 """
 import contextlib
