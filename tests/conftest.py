@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,6 +14,23 @@ import torch.multiprocessing as mp
 from workshop_lib.distributed import free_port  # the tests' rendezvous ports, from here too
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+NOTEBOOK_SECONDS = []  # (notebook, run, seconds) of every execute_notebook in this session
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each notebook execution's time against its budget (tests/budgets.py)."""
+    from budgets import NOTEBOOK_BUDGET_S, RUNS
+
+    if not NOTEBOOK_SECONDS:
+        return
+    terminalreporter.section("notebook time budgets (tests/budgets.py)")
+    for name, run, seconds in NOTEBOOK_SECONDS:
+        budget = NOTEBOOK_BUDGET_S.get(name, (0, 0))[run]
+        over = "  OVER its budget" if seconds > budget else ""
+        terminalreporter.write_line(f"{name:32} {RUNS[run]:24} {seconds:6.0f} s of "
+                                    f"{budget:4d} s{over}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,12 +96,15 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
     import papermill
 
     output = Path(runs_dir) / f"executed-{name}"
+    started = time.perf_counter()
     papermill.execute_notebook(
         str(REPO / "notebooks" / name), str(output), kernel_name="python3",
         parameters={"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
                     "solutions": True, **parameters},
         cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
     )
+    run = 1 if parameters.get("nproc") == 1 and parameters.get("solutions") is False else 0
+    NOTEBOOK_SECONDS.append((Path(name).stem, run, time.perf_counter() - started))
     notebook = nbformat.read(output, as_version=4)
     errors = stderr_outputs(notebook)
     assert not errors, f"{name} wrote to stderr (a red band in JupyterLab): {errors[:3]}"

@@ -54,6 +54,11 @@ class Sizes:
 # 3.2, is four times the per-sample rate for which Goyal et al. needed warmup (0.1 per
 # 256). Digits' 20x would start the Wide ResNet at 1.0 with momentum 0.9, likely too hot for
 # its small batch already. Notebook 03's findings judge it (hot_small, linear_breaks).
+#
+# The GPU profile's epochs (6) are sized for ``make gpu-check``'s 15-minute target on 4
+# A100s (gpu_check/budget.py prices every notebook's runs from these sizes): a standard
+# Wide ResNet run is 6 epochs, and a sweep gets more where its largest batch needs them
+# for MIN_SWEEP_STEPS.
 MIN_SWEEP_STEPS = 100  # optimizer steps the largest batch of a sweep gets at least
 SIZES = {
     ("cpu", "digits"): Sizes("cnn", epochs=6, batch_size=32, lr=0.01, lr_ref_batch=32,
@@ -62,7 +67,7 @@ SIZES = {
                               hot_factor=20),
     ("cpu", "fashion-mnist"): Sizes("cnn", epochs=3, batch_size=64, lr=0.05, lr_ref_batch=64,
                                     hot_factor=4),
-    ("cuda", "fashion-mnist"): Sizes("wrn-16-4", epochs=10, batch_size=128, lr=0.05,
+    ("cuda", "fashion-mnist"): Sizes("wrn-16-4", epochs=6, batch_size=128, lr=0.05,
                                      lr_ref_batch=128, hot_factor=4),
 }
 

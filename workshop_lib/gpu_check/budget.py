@@ -1,6 +1,6 @@
 """``make gpu-check``'s budget: each step's seconds on 4 A100s under the GPU profile
-(Fashion-MNIST downloaded, ``wrn-16-4``, 10 epochs at batch 128), estimated, with the
-basis of each estimate.
+(Fashion-MNIST downloaded, ``wrn-16-4``, ``EPOCHS`` epochs at batch 128: the profile's own
+sizes, read from ``profile.SIZES``), estimated, with the basis of each estimate.
 
 ESTIMATED, NOT MEASURED: no GPU has run the course yet. Each notebook's estimate is a
 reading of the runs it makes under that profile (listed with it below), priced with
@@ -23,8 +23,11 @@ step's measured seconds next to these: the measured figures replace this table.
 import math
 from dataclasses import dataclass
 
+from workshop_lib.profile import SIZES
+
 TARGET_S = 15 * 60  # the course's budget for its notebooks on 4 A100-class GPUs
 GPUS = 4
+EPOCHS = SIZES[("cuda", "fashion-mnist")].epochs  # a standard run of the GPU profile
 EPOCH_S = 4.0
 LAUNCH_S = 15.0
 SMALL_RUN_S = 5.0
@@ -61,16 +64,17 @@ NOTEBOOKS = {
     "00_welcome": Estimate(KERNEL_S + ddp(3),
                            "one DDP launch of 3 epochs"),
     "01_sgd_and_batch_size": Estimate(
-        KERNEL_S + wave(6, 10),
-        "the batch sweep: 6 one-device runs (batch 128..2048, and 2048 linear), 10 epochs"),
+        KERNEL_S + wave(6, EPOCHS),
+        f"the batch sweep: 6 one-device runs (batch 128..2048, and 2048 linear), {EPOCHS} epochs"),
     "02_from_one_gpu_to_many": Estimate(
-        KERNEL_S + small(3) + wave(3, 10) + ddp(10, variants=3) + 90,
+        KERNEL_S + small(3) + wave(3, EPOCHS) + ddp(EPOCHS, variants=3) + 90,
         "conversion run, its check and the from-scratch check (digits launches); 3 "
-        "one-device seeds of 10 epochs; one launch training 3 seeds x 10 epochs on 4 ranks; "
+        f"one-device seeds of {EPOCHS} epochs; one launch training 3 seeds x {EPOCHS} epochs "
+        "on 4 ranks; "
         "bench --quick (90 s, assumed)"),
     "03_keeping_accuracy_at_scale": Estimate(
-        KERNEL_S + wave(5, 10) * 2 + small(1) + wave(1, 10),
-        "two sweeps of 5 one-device runs, 10 epochs (base and hot rate); equivalence; the "
+        KERNEL_S + wave(5, EPOCHS) * 2 + small(1) + wave(1, EPOCHS),
+        f"two sweeps of 5 one-device runs, {EPOCHS} epochs (base and hot rate); equivalence; the "
         "challenge's reference run"),
     "04_when_things_go_wrong": Estimate(
         KERNEL_S + small(6, waits_s=15 + 20),
@@ -82,11 +86,11 @@ NOTEBOOKS = {
         "largest-batch search (20 s), the fit-in-memory check, equivalence, DataParallel "
         "against DDP, the trace"),
     "06_beyond_one_machine": Estimate(
-        KERNEL_S + 20 + ddp(10, variants=2) + small(2, waits_s=8) + ddp(10) + 1.5 * ddp(10)
-        + LAUNCH_S,
-        "8 shards written (20 s); one launch training memory and shards runs (10 epochs "
-        "each); the uneven/join demos (8 s timeout); two nodes; the elastic run (1.5 runs "
-        "and a restart)"),
+        KERNEL_S + 20 + ddp(EPOCHS, variants=2) + small(2, waits_s=8) + ddp(EPOCHS)
+        + 1.5 * ddp(EPOCHS) + LAUNCH_S,
+        "8 shards written (20 s); one launch training memory and shards runs "
+        f"({EPOCHS} epochs each); the uneven/join demos (8 s timeout); two nodes; the "
+        "elastic run (1.5 runs and a restart)"),
     "07_inside_ddp": Estimate(
         KERNEL_S + LAUNCH_S + 60 + small(3),
         "the experiments launch (5 rounds per variant, 60 s assumed) and the 3 checks"),

@@ -1,0 +1,29 @@
+"""The test suite's time, as a budget: what CI may spend, and each notebook's share.
+
+CI runs `make test` on a fresh 2-core clone in at most SUITE_BUDGET_S (the developers'
+budget, well inside CI's 90-minute limit). The notebooks are the largest part: each runs
+twice, with the reference solutions on two processes (tests/test_notebook_NN.py) and with
+the stubs on one process (tests/test_notebooks_one_process.py). NOTEBOOK_BUDGET_S gives
+each run of each notebook its seconds on such a machine, from measured papermill runs
+with some room; the test session ends with a table of what each execution took against
+its budget (conftest.py), so a notebook that grows past its share is seen in the CI log
+without a timing assertion that a busy machine could fail.
+"""
+
+SUITE_BUDGET_S = 35 * 60
+# The notebooks' share of the suite: the rest is torchrun, nbgrader, SLURM, the hub and
+# the browser tests.
+NOTEBOOKS_SHARE = 0.6
+
+# notebook: (seconds with the solutions on two processes, seconds with the stubs on one)
+NOTEBOOK_BUDGET_S = {
+    "00_welcome": (75, 60),
+    "01_sgd_and_batch_size": (150, 90),
+    "02_from_one_gpu_to_many": (270, 120),
+    "03_keeping_accuracy_at_scale": (180, 90),
+    "04_when_things_go_wrong": (200, 90),
+    "05_worked_example": (180, 90),
+    "06_beyond_one_machine": (150, 60),
+    "07_inside_ddp": (150, 60),
+}
+RUNS = ("solutions, 2 processes", "stubs, 1 process")
