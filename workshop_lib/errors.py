@@ -147,5 +147,8 @@ def report(error):
         return short[0]
     if isinstance(error, Exception):
         write_error_file(error)
-    traceback.print_exception(error)
+    # Through sys.excepthook, as Python prints an uncaught error: in a process group torch
+    # installs a hook that tags every line "[rankN]: " (init_process_group), by which the
+    # course's launcher keeps a crashed rank's frames in its log folder, out of the stream.
+    sys.excepthook(type(error), error, error.__traceback__)
     return exit_code(error)
