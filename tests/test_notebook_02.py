@@ -1,10 +1,12 @@
 """Notebook 02 executes in the CPU profile with the exercises' reference solutions: each
 exercise's check passes, and the comparison of one device with N processes is computed
 from its own run records."""
+import html as html_module
+
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import profile, runlog
+from workshop_lib import ddp_diff, profile, runlog
 from workshop_lib.findings import from_one_gpu_to_many as nb02
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
@@ -60,5 +62,7 @@ def test_the_diff_is_rendered_step_by_step_and_shards_are_explained(executed):
     _, notebook, text = executed
     rendered = [out["data"]["text/html"] for cell in notebook.cells
                 for out in cell.get("outputs", []) if "text/html" in out.get("data", {})]
-    assert any("distributed sampler + set_epoch" in html for html in rendered)
+    for step in ddp_diff.EXERCISE_STEPS:  # the exercise's own diff, every step named
+        assert any(html_module.escape(step) in html for html in rendered), step
+    assert not any("TensorLoader" in html for html in rendered), "not the course's diff"
     assert "global (sum of counts, as train_ddp all-reduces them)" in text
