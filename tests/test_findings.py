@@ -462,3 +462,20 @@ def test_shard_metrics_hold_when_the_logged_accuracy_is_the_all_reduced_one(
     assert f"{correct_apart} of {samples} predictions apart" in found.text
     allowed = 0 if device == "cpu" else max(2, samples // 1000)
     assert (f"up to {allowed} allowed" if allowed else "must match exactly") in found.text
+
+
+@pytest.mark.parametrize("dataset,resolvable", [("digits", False), ("fashion-mnist", True)])
+def test_the_tolerance_is_resolvable_only_when_one_image_weighs_less(dataset, resolvable):
+    found = nb02.tolerance_resolution(dataset)["resolution"]
+    assert found.holds is resolvable
+    if not resolvable:  # 359 images: one is 0.28 pp, the remedy named from its numbers
+        assert "359 images: one image is 0.28 pp" in found.text
+        assert "fashion-mnist's 10,000 (one image 0.01 pp)" in found.text
+    # the bar itself: one image against the tolerance, either side of it
+    assert nb02.tolerance_resolution(dataset, tolerance_pp=0.01)["resolution"].holds is False
+    assert nb02.tolerance_resolution(dataset, tolerance_pp=0.3)["resolution"].holds is True
+
+
+def test_a_skipped_benchmark_says_why():
+    assert "two processes" in nb02.bench_scaling(None, nproc=1)["bench"].text
+    assert "optional benchmark" in nb02.bench_scaling(None, nproc=2)["bench"].text

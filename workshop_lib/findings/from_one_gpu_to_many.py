@@ -1,7 +1,7 @@
 """Notebook 02, From one GPU to many with DDP: its closing findings, computed from its runs."""
 import math
 
-from workshop_lib import runlog
+from workshop_lib import data, runlog
 from workshop_lib.findings import base
 from workshop_lib.findings.base import Finding, Findings, mean, skipped
 
@@ -54,9 +54,13 @@ def shard_metrics(per_rank, global_accuracy, logged_accuracy, run_device="cpu"):
         holds=apart <= allowed)])
 
 
-def bench_scaling(bench):
-    """The benchmark's weak-scaling efficiency against its all-reduce-floor prediction."""
+def bench_scaling(bench, nproc=None):
+    """The benchmark's weak-scaling efficiency against its all-reduce-floor prediction;
+    ``bench`` None: it did not run (one process, or the optional part was skipped)."""
     if bench is None:
+        if nproc is not None and nproc >= 2:
+            return Findings([skipped("bench", "the optional benchmark (section 4) was not "
+                                              "run.")])
         return Findings([skipped("bench", "the benchmark needs two processes or more.")])
     weak = [r for r in bench["scaling"] if r["mode"] == "weak" and r["world_size"] > 1]
     return Findings([Finding(
@@ -151,6 +155,37 @@ def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_
              "source_speedup": f"{SOURCE['speedup']:.1f}x",
              "source_delta": f"within {SOURCE['tolerance_pp']} pp"}]
     return found, rows
+
+
+def tolerance_resolution(dataset, tolerance_pp=SOURCE["tolerance_pp"]):
+    """Can the validation set of ``dataset`` resolve an accuracy difference of
+    ``tolerance_pp``? Only where one image weighs less than the tolerance: below that, one
+    image's flip between two runs is already more than the whole tolerance."""
+    n_val = data.DATASETS[dataset].val_size if dataset in data.DATASETS else None
+    if not n_val:
+        return Findings([skipped("resolution", f"the size of {dataset}'s validation set is "
+                                               f"not known ahead.")])
+    image_pp = 100 / n_val
+    resolvable = image_pp < tolerance_pp
+    if resolvable:
+        return Findings([Finding(
+            "resolution", f"The validation set ({dataset}) has {n_val:,} images: one image "
+                          f"is {image_pp:.2f} pp of accuracy, under the {tolerance_pp} pp "
+                          f"tolerance, so it can resolve the tolerance (whether the verdict is "
+                          f"shown is then the seeds' spread).", holds=True)])
+    needed = math.floor(100 / tolerance_pp) + 1
+    larger = [info for info in data.DATASETS.values()
+              if info.val_size and 100 / info.val_size < tolerance_pp]
+    remedy = ", ".join(f"{info.name}'s {info.val_size:,} (one image {100 / info.val_size:.2f} "
+                       f"pp)" for info in larger)
+    return Findings([Finding(
+        "resolution", f"The validation set ({dataset}) has {n_val:,} images: one image is "
+                      f"{image_pp:.2f} pp of accuracy, more than the {tolerance_pp} pp "
+                      f"tolerance, so one image's flip between two runs already exceeds it "
+                      f"and this set cannot resolve it. It takes {needed:,} validation "
+                      f"images or more (one image under {tolerance_pp} pp)"
+                      + (f": {remedy}, the GPU profile's dataset, resolves it." if remedy
+                         else "."), holds=False)])
 
 
 def worked_example_table(rows):
