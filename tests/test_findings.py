@@ -479,3 +479,23 @@ def test_the_tolerance_is_resolvable_only_when_one_image_weighs_less(dataset, re
 def test_a_skipped_benchmark_says_why():
     assert "two processes" in nb02.bench_scaling(None, nproc=1)["bench"].text
     assert "optional benchmark" in nb02.bench_scaling(None, nproc=2)["bench"].text
+
+
+@pytest.mark.parametrize("difference,holds", [(3e-7, True), (1e-5, True), (2e-5, False),
+                                              (0.01, False), (None, False)])
+def test_same_numbers_follows_the_learners_own_wrapper_check(difference, holds):
+    found = nb02.same_numbers(difference, steps=20, tolerance=1e-5)["same_numbers"]
+    assert found.holds is holds
+    assert found.text.startswith("Same numbers") is holds
+
+
+def test_notebook_02_states_no_verdict_on_the_wrapper_in_fixed_words():
+    """The wrapper's verdict is the computed finding above: the markdown never says it."""
+    import json
+
+    from conftest import REPO
+    cells = json.loads((REPO / "notebooks/02_from_one_gpu_to_many.ipynb").read_text())["cells"]
+    markdown = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert not any("Same numbers." in text for text in markdown)
+    assert any("findings.same_numbers(scratch.details" in text for text in code)

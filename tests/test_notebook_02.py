@@ -26,6 +26,7 @@ def test_every_exercise_passes_with_its_reference_solution(executed):
     assert "PASS: all 7 requirements met: your script is a correct DDP job" in text
     assert "PASS: all 6 predictions match what the sampler did" in text
     assert "PASS: your wrapper trains exactly as DDP does" in text
+    assert "- Same numbers: after 20 steps your wrapper's parameters are DDP's" in text
     assert "NOT YET" not in text
 
 

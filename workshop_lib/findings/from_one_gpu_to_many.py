@@ -188,6 +188,23 @@ def tolerance_resolution(dataset, tolerance_pp=SOURCE["tolerance_pp"]):
                          else "."), holds=False)])
 
 
+def same_numbers(difference, steps, tolerance):
+    """The learner's from-scratch wrapper against DDP, from its check: ``difference`` is the
+    largest parameter difference after ``steps`` steps (None: the check's job failed)."""
+    if difference is None:
+        return Findings([Finding(
+            "same_numbers", "No numbers to compare yet: the check's job did not finish. Fix "
+                            "what its reason says and run the check again.", holds=False)])
+    same = difference <= tolerance
+    return Findings([Finding(
+        "same_numbers",
+        f"Same numbers: after {steps} steps your wrapper's parameters are DDP's within "
+        f"{difference:.1e} (the bar: {tolerance:.0e}, float32 rounding)." if same else
+        f"Not the same numbers yet: after {steps} steps your wrapper's parameters differ "
+        f"from DDP's by {difference:.1e}, more than float32 rounding ({tolerance:.0e}); "
+        f"the check's reason says what to fix.", holds=same)])
+
+
 def worked_example_table(rows):
     """The worked example's table: measured here, beside the source's figures."""
     return runlog.format_table(rows, {
