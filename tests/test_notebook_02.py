@@ -48,7 +48,8 @@ def test_one_device_against_n_processes_at_the_scaled_rate(executed):
         assert finding.text in text
     assert nb02.worked_example_table(rows) in text
     assert "3.4x" in text and "within 0.2 pp" in text
-    assert nb02.tolerance_resolution(P.dataset)["resolution"].text in text
+    assert nb02.tolerance_resolution(scaled[0])["resolution"].text in text
+    assert nb02.rank_vocabulary(scaled[0])[1] in text
 
 
 def test_benchmark_compares_scaling_with_the_bandwidth_floor(executed):

@@ -157,14 +157,13 @@ def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_
     return found, rows
 
 
-def tolerance_resolution(dataset, tolerance_pp=SOURCE["tolerance_pp"]):
-    """Can the validation set of ``dataset`` resolve an accuracy difference of
-    ``tolerance_pp``? Only where one image weighs less than the tolerance: below that, one
-    image's flip between two runs is already more than the whole tolerance."""
-    n_val = data.DATASETS[dataset].val_size if dataset in data.DATASETS else None
+def tolerance_resolution(run, tolerance_pp=SOURCE["tolerance_pp"]):
+    """Can the validation set ``run`` was judged on (its ``val_samples``, counted over the
+    ranks) resolve an accuracy difference of ``tolerance_pp``? Only where one image weighs
+    less than the tolerance: otherwise one image's flip between two runs exceeds it."""
+    n_val, dataset = run.final.get("val_samples"), run.start["dataset"]
     if not n_val:
-        return Findings([skipped("resolution", f"the size of {dataset}'s validation set is "
-                                               f"not known ahead.")])
+        return Findings([skipped("resolution", "the run recorded no validation count.")])
     image_pp = 100 / n_val
     resolvable = image_pp < tolerance_pp
     if resolvable:
@@ -203,6 +202,34 @@ def same_numbers(difference, steps, tolerance):
         f"Not the same numbers yet: after {steps} steps your wrapper's parameters differ "
         f"from DDP's by {difference:.1e}, more than float32 rounding ({tolerance:.0e}); "
         f"the check's reason says what to fix.", holds=same)])
+
+
+# The words of a DDP job, each with the variable torchrun sets in every worker.
+VOCABULARY = {
+    "node": "a machine of the job; its agent's index is GROUP_RANK",
+    "world size": "the processes of the whole job (WORLD_SIZE)",
+    "global rank": "a process's index in the job, 0 .. world size - 1 (RANK)",
+    "local rank": "its index on its node: which GPU it takes (LOCAL_RANK)",
+}
+
+
+def rank_vocabulary(run):
+    """The vocabulary with a DDP run's own values (its run record: world size, nodes, the
+    device of rank 0), one row per process, as torchrun numbers them: node-major, so
+    global rank = node x processes per node + local rank. Returns (rows, text)."""
+    world_size, nodes = run.start["world_size"], run.start.get("nodes", 1)
+    per_node = world_size // nodes
+    on_gpus = str(run.start["device"]).startswith("cuda")
+    rows = [{"node": rank // per_node, "world_size": world_size, "rank": rank,
+             "local_rank": rank % per_node,
+             "device": f"cuda:{rank % per_node}" if on_gpus else "cpu"}
+            for rank in range(world_size)]
+    table = runlog.format_table(rows, {
+        "node": ("node", "d"), "world_size": ("world size", "d"),
+        "rank": ("global rank", "d"), "local_rank": ("local rank", "d"),
+        "device": ("device", "")})
+    words = "\n".join(f"{word:>11}: {meaning}" for word, meaning in VOCABULARY.items())
+    return rows, f"{table}\n\n{words}"
 
 
 def worked_example_table(rows):
