@@ -1,6 +1,7 @@
 """One day table: the README and notebook 00 show ``day.table()``, built from the sessions
 in ``workshop_lib/day.py`` and the notebooks' own titles, and every notebook is a session."""
 import shutil
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -137,3 +138,24 @@ def test_the_optional_parts_are_headed_with_their_minutes_in_the_notebook():
         for heading, minutes in session.budget.optional:
             assert any(line.endswith(f"Optional (about {minutes} min): {heading}")
                        for line in headings), (session.notebook, heading)
+
+
+def test_the_days_last_notebook_ends_with_the_recap_and_where_the_assessment_lives(
+        monkeypatch):
+    import json
+    monkeypatch.syspath_prepend(str(REPO / "jupyter" / "learner"))
+    import make_workspace
+
+    last = day.last_notebook_of_the_day()
+    assert last.notebook == "notebooks/05_worked_example.ipynb"
+    code = ["".join(c["source"]) for c in json.loads((REPO / last.notebook).read_text())["cells"]
+            if c["cell_type"] == "code"]
+    assert "day.recap()" in code[-1], "the recap is the day's last cell"
+    recap = day.recap()
+    for session in day.SESSIONS:
+        assert day.title(session) in recap or session.notebook.startswith("assessment/")
+    # the path the learner is told is where make lab's workspace puts the assessment
+    workspace = make_workspace.learner_files()
+    assert workspace[Path(day.ASSESSMENT_IN_WORKSPACE)] == \
+        REPO / next(s.notebook for s in day.SESSIONS if s.notebook.startswith("assessment/"))
+    assert day.ASSESSMENT_IN_WORKSPACE in recap

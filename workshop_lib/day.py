@@ -161,6 +161,32 @@ def day_line():
             f"and {gpu} min on {GPUS} GPUs.")
 
 
+ASSESSMENT_IN_WORKSPACE = "ddp_refactor/ddp_refactor.ipynb"  # jupyter/learner/make_workspace.py
+
+
+def last_notebook_of_the_day():
+    """The day's last notebook session: its closing cell is followed by ``recap()``."""
+    return [s for s in the_day() if s.notebook.startswith("notebooks/")][-1]
+
+
+def recap(root=REPO):
+    """The end-of-day recap: each session of the day and what the learner did there, where
+    the assessment lives, and what is left for a second day."""
+    assessment = next(s for s in SESSIONS if s.notebook.startswith("assessment/"))
+    done = [s for s in the_day() if s.notebook.startswith("notebooks/")]
+    later = [s for s in SESSIONS if s.minutes is None]
+    lines = ["Today, session by session:"]
+    lines += [f"- {title(s, root)}: {s.you_do}." for s in done]
+    lines += ["", f"Next, the assessment ({time_on_the_day(assessment)}): {assessment.you_do}. "
+                  f"It lives in your JupyterLab at {ASSESSMENT_IN_WORKSPACE} (beside the "
+                  f"notebooks/ folder, in the workspace `make lab` serves; the instructor's "
+                  f"copy is {assessment.notebook}). Open it and follow it: it says what is "
+                  f"graded."]
+    lines += ["", "For a second day, or if you finish early:"]
+    lines += [f"- {title(s, root)}: {s.you_do}." for s in later]
+    return "\n".join(lines)
+
+
 def table(root=REPO):
     """The day table, as Markdown."""
     rows = ["| session | what you do | time |", "|---|---|---|"]
