@@ -162,7 +162,7 @@ ENTRY_POINTS = ["workshop_lib.__main__", "workshop_lib.train", "workshop_lib.tra
                 "workshop_lib.labs.__main__", "workshop_lib.sweep", "workshop_lib.uneven_inputs",
                 "workshop_lib.naive_ddp", "workshop_lib.inside_ddp.verify",
                 "workshop_lib.inside_ddp.experiments", "workshop_lib.inside_ddp.timing",
-                "workshop_lib.day"]
+                "workshop_lib.day", "workshop_lib.ddp_diff"]
 
 
 def test_every_entry_point_is_listed():

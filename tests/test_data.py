@@ -150,6 +150,7 @@ def test_steps_per_epoch_follows_distributed_samplers_padding():
     assert data.steps_per_epoch(60000, 4, 128) == 118
 
 
-def test_each_dataset_knows_its_training_size():
-    train_set, _, info = data.load("digits")
+def test_each_dataset_knows_its_training_and_validation_sizes():
+    train_set, val_set, info = data.load("digits")
     assert info.train_size == len(train_set)
+    assert info.val_size == len(val_set) == data.DATASETS["digits"].val_size

@@ -462,3 +462,67 @@ def test_shard_metrics_hold_when_the_logged_accuracy_is_the_all_reduced_one(
     assert f"{correct_apart} of {samples} predictions apart" in found.text
     allowed = 0 if device == "cpu" else max(2, samples // 1000)
     assert (f"up to {allowed} allowed" if allowed else "must match exactly") in found.text
+
+
+def validated_on(val_samples, dataset):
+    judged = run([0.9, 0.95])
+    judged.start["dataset"] = dataset
+    for epoch in judged.epochs:
+        epoch["val_samples"] = val_samples
+    return judged
+
+
+@pytest.mark.parametrize("val_samples,dataset,resolvable", [
+    (359, "digits", False), (10_000, "fashion-mnist", True), (500, "digits", False),
+    (501, "digits", True)])
+def test_the_tolerance_is_resolvable_only_when_one_image_weighs_less(val_samples, dataset,
+                                                                     resolvable):
+    found = nb02.tolerance_resolution(validated_on(val_samples, dataset))["resolution"]
+    assert found.holds is resolvable
+    if val_samples == 359:  # one image is 0.28 pp; the remedy named from the datasets
+        assert "359 images: one image is 0.28 pp" in found.text
+        assert "fashion-mnist's 10,000 (one image 0.01 pp)" in found.text
+    # the bar itself: one image against the tolerance
+    judged = validated_on(val_samples, dataset)
+    assert nb02.tolerance_resolution(judged, 100 / val_samples)["resolution"].holds is False
+    assert nb02.tolerance_resolution(judged, 100 / val_samples + 0.01)["resolution"].holds
+
+
+def test_a_skipped_benchmark_says_why():
+    assert "two processes" in nb02.bench_scaling(None, nproc=1)["bench"].text
+    assert "optional benchmark" in nb02.bench_scaling(None, nproc=2)["bench"].text
+
+
+@pytest.mark.parametrize("difference,holds", [(3e-7, True), (1e-5, True), (2e-5, False),
+                                              (0.01, False), (None, False)])
+def test_same_numbers_follows_the_learners_own_wrapper_check(difference, holds):
+    found = nb02.same_numbers(difference, steps=20, tolerance=1e-5)["same_numbers"]
+    assert found.holds is holds
+    assert found.text.startswith("Same numbers") is holds
+
+
+def test_notebook_02_states_no_verdict_on_the_wrapper_in_fixed_words():
+    """The wrapper's verdict is the computed finding above: the markdown never says it."""
+    import json
+
+    from conftest import REPO
+    cells = json.loads((REPO / "notebooks/02_from_one_gpu_to_many.ipynb").read_text())["cells"]
+    markdown = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert not any("Same numbers." in text for text in markdown)
+    assert any("findings.same_numbers(scratch.details" in text for text in code)
+
+
+@pytest.mark.parametrize("world_size,nodes,device,expected", [
+    (2, 1, "cpu", [(0, 0, 0, "cpu"), (0, 1, 1, "cpu")]),
+    (4, 2, "cuda:0", [(0, 0, 0, "cuda:0"), (0, 1, 1, "cuda:1"), (1, 2, 0, "cuda:0"),
+                      (1, 3, 1, "cuda:1")])])
+def test_the_vocabulary_table_follows_the_runs_world_size_and_nodes(world_size, nodes, device,
+                                                                     expected):
+    ddp_run = run([0.9], world_size=world_size, device=device)
+    ddp_run.start["nodes"] = nodes
+    rows, text = nb02.rank_vocabulary(ddp_run)
+    assert [(r["node"], r["rank"], r["local_rank"], r["device"]) for r in rows] == expected
+    assert all(r["world_size"] == world_size for r in rows)
+    for word in ("node", "world size", "global rank", "local rank"):
+        assert word in text

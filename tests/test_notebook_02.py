@@ -1,10 +1,12 @@
 """Notebook 02 executes in the CPU profile with the exercises' reference solutions: each
 exercise's check passes, and the comparison of one device with N processes is computed
 from its own run records."""
+import html as html_module
+
 import pytest
 
 from conftest import execute_notebook, notebook_text_outputs
-from workshop_lib import profile, runlog
+from workshop_lib import ddp_diff, profile, runlog
 from workshop_lib.findings import from_one_gpu_to_many as nb02
 
 pytestmark = pytest.mark.slow  # starts processes: torchrun, spawned ranks, papermill
@@ -24,6 +26,7 @@ def test_every_exercise_passes_with_its_reference_solution(executed):
     assert "PASS: all 7 requirements met: your script is a correct DDP job" in text
     assert "PASS: all 6 predictions match what the sampler did" in text
     assert "PASS: your wrapper trains exactly as DDP does" in text
+    assert "- Same numbers: after 20 steps your wrapper's parameters are DDP's" in text
     assert "NOT YET" not in text
 
 
@@ -45,6 +48,8 @@ def test_one_device_against_n_processes_at_the_scaled_rate(executed):
         assert finding.text in text
     assert nb02.worked_example_table(rows) in text
     assert "3.4x" in text and "within 0.2 pp" in text
+    assert nb02.tolerance_resolution(scaled[0])["resolution"].text in text
+    assert nb02.rank_vocabulary(scaled[0])[1] in text
 
 
 def test_benchmark_compares_scaling_with_the_bandwidth_floor(executed):
@@ -60,5 +65,7 @@ def test_the_diff_is_rendered_step_by_step_and_shards_are_explained(executed):
     _, notebook, text = executed
     rendered = [out["data"]["text/html"] for cell in notebook.cells
                 for out in cell.get("outputs", []) if "text/html" in out.get("data", {})]
-    assert any("distributed sampler + set_epoch" in html for html in rendered)
+    for step in ddp_diff.EXERCISE_STEPS:  # the exercise's own diff, every step named
+        assert any(html_module.escape(step) in html for html in rendered), step
+    assert not any("TensorLoader" in html for html in rendered), "not the course's diff"
     assert "global (sum of counts, as train_ddp all-reduces them)" in text

@@ -48,7 +48,7 @@ What the notebooks call
 - ``notebook``       the set-up every notebook runs first
 - ``findings``       the closing summaries, computed from run records
 - ``labs``           the exercises and their checks (``python -m workshop_lib.labs check``)
-- ``ddp_diff``       the annotated diff of the two training scripts
+- ``ddp_diff``       single-device -> DDP diffs named step by step (02's exercise; the twin scripts)
 - ``sgd_toy``        gradient descent on a problem small enough to see (notebook 01)
 - ``widgets``        the batch-size explorer
 - ``plots``          plots of run records

@@ -49,16 +49,19 @@ class DatasetInfo:
     num_classes: int
     train_size: int
     description: str
+    val_size: int | None = None  # validation images; None where not known ahead (shards)
 
 
 DATASETS = {
     "fashion-mnist": DatasetInfo(
         "fashion-mnist", 1, 28, 10, 60_000,
         "Fashion-MNIST, 60,000 train / 10,000 validation 28x28 images (torchvision)",
+        val_size=10_000,
     ),
     "digits": DatasetInfo(
         "digits", 1, 8, 10, 1_438,
         "scikit-learn handwritten digits, 1,438 train / 359 validation 8x8 images (offline)",
+        val_size=359,
     ),
 }
 DATASET_CHOICES = ("auto", *DATASETS)

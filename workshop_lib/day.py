@@ -1,13 +1,15 @@
 """The day: the course's sessions in teaching order, and the one table that shows them.
 
 The README (section "The day") and notebook 00's opening cell show the same table, and
-``tests/test_day.py`` keeps both equal to ``table()``. Each session's title is its
+``tests/test_day.py`` keeps both equal to ``table()``. Each notebook's opening cell states
+its session's time budget for a novice (``budget_line``), and the README says how the
+budgets fit the day (``day_line``); both are written by ``--write`` too. Each session's title is its
 notebook's own first heading, read from the file, so a title is changed in one place, the
 notebook; what the learner does there and the time it takes on the day are kept here.
 After changing a row, a notebook's title, or adding a notebook:
 
     python -m workshop_lib.day            # print the table
-    python -m workshop_lib.day --write    # write it into README.md and notebook 00
+    python -m workshop_lib.day --write    # write it into README.md and the notebooks
 """
 import argparse
 import json
@@ -22,6 +24,39 @@ REPO = Path(__file__).resolve().parent.parent
 README = "README.md"
 README_SECTION = "## The day"
 WELCOME = "notebooks/00_welcome.ipynb"
+BUDGET_MARK = "**Time budget**"  # the opening cell's line that states the budget
+DAY_MARK = "A day of"            # the README's line, below the table, that sums the day
+DAY_MINUTES = 8 * 60     # the workshop's day, 9:00 to 17:00
+BREAK_MINUTES = 45       # lunch; shorter pauses fall inside the sessions' slack
+GPUS = 4                 # the GPU budget's machine: the worked example's four GPUs
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A novice's minutes in a session's core path: reading (the text, the outputs, the
+    diff), writing the exercises (with their checks' launches), and waiting for the
+    notebook's own runs, on the CPU profile (two processes sharing the cores) or on
+    ``GPUS`` GPUs. ``optional``: the parts its notebook marks "Optional (about N min)",
+    outside the slot, as (heading, minutes).
+
+    Where the runs' minutes come from: notebook 02's CPU run is measured (its core cells in
+    a papermill execution of tests/test_notebook_02.py, below); the other runs, and every
+    reading and exercise time, are estimates to replace with measurements from a taught
+    day."""
+    reading: int
+    exercises: int
+    cpu_run: int
+    gpu_run: int
+    optional: tuple[tuple[str, int], ...] = ()
+
+    def minutes(self, runs_on):
+        """The session's core path with the runs of ``runs_on`` ("cpu" or "gpu")."""
+        return self.reading + self.exercises + (self.cpu_run if runs_on == "cpu"
+                                                else self.gpu_run)
+
+    def fits(self, slot):
+        """True when the core path fits the slot's most minutes on either profile."""
+        return max(self.minutes("cpu"), self.minutes("gpu")) <= slot[1]
 
 
 @dataclass(frozen=True)
@@ -29,38 +64,51 @@ class Session:
     notebook: str       # the session's notebook, from the repository root
     you_do: str         # what the learner does there, in a few words
     minutes: tuple[int, int] | None  # time on the day, (fewest, most); None: a second day
+    budget: Budget | None = None  # a novice's minutes, by part
 
 
 SESSIONS = (
     Session("notebooks/00_welcome.ipynb",
             "check the machine, the course profile and the dataset; launch a first DDP job "
-            "and record what each of its processes did", (30, 30)),
+            "and record what each of its processes did", (30, 30),
+            Budget(reading=10, exercises=5, cpu_run=8, gpu_run=3)),
     Session("notebooks/01_sgd_and_batch_size.ipynb",
             "write mini-batch SGD on a problem you can see; then throughput, accuracy and "
-            "time to accuracy as the batch grows", (60, 60)),
+            "time to accuracy as the batch grows", (60, 60),
+            Budget(reading=15, exercises=20, cpu_run=15, gpu_run=8)),
     Session("notebooks/02_from_one_gpu_to_many.ipynb",
             "make a single-device script a DDP job and launch it with torchrun; predict what "
-            "each rank sees; measure the same accuracy in less time; build DDP from two "
-            "collectives", (90, 90)),
+            "each rank sees; measure the same accuracy in less time (optional: the bench, "
+            "DDP from two collectives)", (90, 90),
+            # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
+            # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
+            # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
+            # from-scratch check 36); the whole notebook 313 s and 466 s in two runs
+            Budget(reading=20, exercises=45, cpu_run=5, gpu_run=10,
+                   optional=(("how close to the physical limit?", 10),
+                             ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",
             "lose accuracy at a large batch and win it back (linear and square-root rules, "
-            "warmup, LARS); BatchNorm across ranks; the large-batch challenge", (60, 60)),
+            "warmup, LARS); BatchNorm across ranks; the large-batch challenge", (60, 60),
+            Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
     Session("notebooks/04_when_things_go_wrong.ipynb",
             "crash a rank, hang a collective, kill a rank and resume from the checkpoint; "
-            "debug a hanging job", (45, 45)),
+            "debug a hanging job", (45, 45),
+            Budget(reading=12, exercises=15, cpu_run=12, gpu_run=8)),
     Session("notebooks/05_worked_example.ipynb",
             "mixed precision, memory and its remedies, gradient accumulation, DataParallel "
             "against DDP, a step's profile; fit global batch 256 where only 64 fits",
-            (60, 60)),
+            (60, 60), Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
     Session("assessment/release/ddp_refactor/ddp_refactor.ipynb",
             "convert another single-device script yourself; graded by what your job does",
-            (60, 90)),
+            (60, 90), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),
     Session("notebooks/06_beyond_one_machine.ipynb",
             "data as record shards, two nodes and a lost node, SLURM and Kubernetes jobs",
-            None),
+            None, Budget(reading=20, exercises=15, cpu_run=15, gpu_run=10)),
     Session("notebooks/07_inside_ddp.ipynb",
             "build overlap, buckets and ZeRO-1 yourself; what comes next: communication "
-            "hooks, torch.compile, FSDP", None),
+            "hooks, torch.compile, FSDP", None,
+            Budget(reading=20, exercises=45, cpu_run=10, gpu_run=5)),
 )
 
 
@@ -81,6 +129,63 @@ def time_on_the_day(session):
         return "a second day, or early finishers"
     fewest, most = session.minutes
     return f"{fewest} min" if fewest == most else f"{fewest}-{most} min"
+
+
+def budget_line(session):
+    """The line a notebook's opening cell states its budget in."""
+    b = session.budget
+    slot = (f"its {time_on_the_day(session)} on the day" if session.minutes else
+            "for a second day, or early finishers")
+    line = (f"{BUDGET_MARK}: about {b.minutes('cpu')} min on the CPU profile, "
+            f"{b.minutes('gpu')} min on {GPUS} GPUs ({slot}): {b.reading} min reading, "
+            f"{b.exercises} min exercises, runs {b.cpu_run} min on the CPU or {b.gpu_run} "
+            f"min on {GPUS} GPUs")
+    if b.optional:
+        line += ("; optional, after the day or for early finishers: "
+                 + ", ".join(f"{heading} ({minutes} min)" for heading, minutes in b.optional))
+    return line + "."
+
+
+def the_day():
+    """The sessions on the day (a slot in minutes), in order."""
+    return [s for s in SESSIONS if s.minutes is not None]
+
+
+def day_line():
+    """The README's sentence, below the table, on how the sessions fit the day."""
+    slots = sum(s.minutes[1] for s in the_day())
+    cpu = sum(s.budget.minutes("cpu") for s in the_day())
+    gpu = sum(s.budget.minutes("gpu") for s in the_day())
+    return (f"{DAY_MARK} {DAY_MINUTES // 60} h: {slots} min of sessions at most and "
+            f"{BREAK_MINUTES} min of breaks. A novice's budgets (reading, exercises, runs; each "
+            f"notebook's opening cell states its own) add up to {cpu} min on the CPU profile "
+            f"and {gpu} min on {GPUS} GPUs.")
+
+
+ASSESSMENT_IN_WORKSPACE = "ddp_refactor/ddp_refactor.ipynb"  # jupyter/learner/make_workspace.py
+
+
+def last_notebook_of_the_day():
+    """The day's last notebook session: its closing cell is followed by ``recap()``."""
+    return [s for s in the_day() if s.notebook.startswith("notebooks/")][-1]
+
+
+def recap(root=REPO):
+    """The end-of-day recap: each session of the day and what the learner did there, where
+    the assessment lives, and what is left for a second day."""
+    assessment = next(s for s in SESSIONS if s.notebook.startswith("assessment/"))
+    done = [s for s in the_day() if s.notebook.startswith("notebooks/")]
+    later = [s for s in SESSIONS if s.minutes is None]
+    lines = ["Today, session by session:"]
+    lines += [f"- {title(s, root)}: {s.you_do}." for s in done]
+    lines += ["", f"Next, the assessment ({time_on_the_day(assessment)}): {assessment.you_do}. "
+                  f"It lives in your JupyterLab at {ASSESSMENT_IN_WORKSPACE} (beside the "
+                  f"notebooks/ folder, in the workspace `make lab` serves; the instructor's "
+                  f"copy is {assessment.notebook}). Open it and follow it: it says what is "
+                  f"graded."]
+    lines += ["", "For a second day, or if you finish early:"]
+    lines += [f"- {title(s, root)}: {s.you_do}." for s in later]
+    return "\n".join(lines)
 
 
 def table(root=REPO):
@@ -129,9 +234,34 @@ def table_in_welcome(root=REPO):
     return source[start:end]
 
 
+def with_line(text, mark, line, after):
+    """``text`` with its line starting with ``mark`` replaced by ``line``; without one,
+    ``line`` goes in as a paragraph of its own after the first line ``after`` accepts."""
+    lines = text.split("\n")
+    for i, old in enumerate(lines):
+        if old.startswith(mark):
+            lines[i] = line
+            return "\n".join(lines)
+    at = next(i for i, old in enumerate(lines) if after(old))
+    return "\n".join([*lines[:at + 1], "", line, *lines[at + 1:]])
+
+
+def opening_line(root, session):
+    """The budget line in the session notebook's opening cell, or None."""
+    cells = json.loads((root / session.notebook).read_text())["cells"]
+    source = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"])
+    return next((line for line in source.splitlines() if line.startswith(BUDGET_MARK)), None)
+
+
+def day_line_in_readme(root=REPO):
+    return next((line for line in (root / README).read_text().splitlines()
+                 if line.startswith(DAY_MARK)), None)
+
+
 def write(root=REPO):
-    """Replace the day table in the README and in notebook 00's opening cell (that cell
-    only); return the files that changed."""
+    """Replace the day table and the day's line in the README, the table in notebook 00's
+    opening cell, and the budget line in each notebook's opening cell (those lines only);
+    return the files that changed."""
     import nbformat
 
     new = table(root)
@@ -139,16 +269,28 @@ def write(root=REPO):
     readme = root / README
     text = readme.read_text()
     start, end = table_span(text, README_SECTION)
-    if text[start:end] != new:
-        readme.write_text(text[:start] + new + text[end:])
+    table_end = start + len(new)
+    updated = text[:start] + new + text[end:]
+    if not any(line.startswith(DAY_MARK) for line in updated.splitlines()):
+        updated = f"{updated[:table_end]}\n\n{DAY_MARK}{updated[table_end:]}"  # placeholder
+    updated = with_line(updated, DAY_MARK, day_line(), after=None)
+    if updated != text:
+        readme.write_text(updated)
         changed.append(README)
-    notebook = nbformat.read(root / WELCOME, as_version=4)
-    cell = welcome_cell(notebook)
-    start, end = table_span(cell.source)
-    if cell.source[start:end] != new:
-        cell.source = cell.source[:start] + new + cell.source[end:]
-        nbformat.write(notebook, root / WELCOME)
-        changed.append(WELCOME)
+    for session in SESSIONS:
+        if not session.notebook.startswith("notebooks/"):
+            continue  # the assessment's notebook is nbgrader's: its cells are checksummed
+        notebook = nbformat.read(root / session.notebook, as_version=4)
+        cell = welcome_cell(notebook)
+        source = with_line(cell.source, BUDGET_MARK, budget_line(session),
+                           after=lambda line: line.startswith("# "))
+        if session.notebook == WELCOME:
+            start, end = table_span(source)
+            source = source[:start] + new + source[end:]
+        if source != cell.source:
+            cell.source = source
+            nbformat.write(notebook, root / session.notebook)
+            changed.append(session.notebook)
     return changed
 
 

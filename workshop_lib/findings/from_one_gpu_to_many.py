@@ -1,7 +1,7 @@
 """Notebook 02, From one GPU to many with DDP: its closing findings, computed from its runs."""
 import math
 
-from workshop_lib import runlog
+from workshop_lib import data, runlog
 from workshop_lib.findings import base
 from workshop_lib.findings.base import Finding, Findings, mean, skipped
 
@@ -54,9 +54,13 @@ def shard_metrics(per_rank, global_accuracy, logged_accuracy, run_device="cpu"):
         holds=apart <= allowed)])
 
 
-def bench_scaling(bench):
-    """The benchmark's weak-scaling efficiency against its all-reduce-floor prediction."""
+def bench_scaling(bench, nproc=None):
+    """The benchmark's weak-scaling efficiency against its all-reduce-floor prediction;
+    ``bench`` None: it did not run (one process, or the optional part was skipped)."""
     if bench is None:
+        if nproc is not None and nproc >= 2:
+            return Findings([skipped("bench", "the optional benchmark (section 4) was not "
+                                              "run.")])
         return Findings([skipped("bench", "the benchmark needs two processes or more.")])
     weak = [r for r in bench["scaling"] if r["mode"] == "weak" and r["world_size"] > 1]
     return Findings([Finding(
@@ -151,6 +155,81 @@ def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_
              "source_speedup": f"{SOURCE['speedup']:.1f}x",
              "source_delta": f"within {SOURCE['tolerance_pp']} pp"}]
     return found, rows
+
+
+def tolerance_resolution(run, tolerance_pp=SOURCE["tolerance_pp"]):
+    """Can the validation set ``run`` was judged on (its ``val_samples``, counted over the
+    ranks) resolve an accuracy difference of ``tolerance_pp``? Only where one image weighs
+    less than the tolerance: otherwise one image's flip between two runs exceeds it."""
+    n_val, dataset = run.final.get("val_samples"), run.start["dataset"]
+    if not n_val:
+        return Findings([skipped("resolution", "the run recorded no validation count.")])
+    image_pp = 100 / n_val
+    resolvable = image_pp < tolerance_pp
+    if resolvable:
+        return Findings([Finding(
+            "resolution", f"The validation set ({dataset}) has {n_val:,} images: one image "
+                          f"is {image_pp:.2f} pp of accuracy, under the {tolerance_pp} pp "
+                          f"tolerance, so it can resolve the tolerance (whether the verdict is "
+                          f"shown is then the seeds' spread).", holds=True)])
+    needed = math.floor(100 / tolerance_pp) + 1
+    larger = [info for info in data.DATASETS.values()
+              if info.val_size and 100 / info.val_size < tolerance_pp]
+    remedy = ", ".join(f"{info.name}'s {info.val_size:,} (one image {100 / info.val_size:.2f} "
+                       f"pp)" for info in larger)
+    return Findings([Finding(
+        "resolution", f"The validation set ({dataset}) has {n_val:,} images: one image is "
+                      f"{image_pp:.2f} pp of accuracy, more than the {tolerance_pp} pp "
+                      f"tolerance, so one image's flip between two runs already exceeds it "
+                      f"and this set cannot resolve it. It takes {needed:,} validation "
+                      f"images or more (one image under {tolerance_pp} pp)"
+                      + (f": {remedy}, the GPU profile's dataset, resolves it." if remedy
+                         else "."), holds=False)])
+
+
+def same_numbers(difference, steps, tolerance):
+    """The learner's from-scratch wrapper against DDP, from its check: ``difference`` is the
+    largest parameter difference after ``steps`` steps (None: the check's job failed)."""
+    if difference is None:
+        return Findings([Finding(
+            "same_numbers", "No numbers to compare yet: the check's job did not finish. Fix "
+                            "what its reason says and run the check again.", holds=False)])
+    same = difference <= tolerance
+    return Findings([Finding(
+        "same_numbers",
+        f"Same numbers: after {steps} steps your wrapper's parameters are DDP's within "
+        f"{difference:.1e} (the bar: {tolerance:.0e}, float32 rounding)." if same else
+        f"Not the same numbers yet: after {steps} steps your wrapper's parameters differ "
+        f"from DDP's by {difference:.1e}, more than float32 rounding ({tolerance:.0e}); "
+        f"the check's reason says what to fix.", holds=same)])
+
+
+# The words of a DDP job, each with the variable torchrun sets in every worker.
+VOCABULARY = {
+    "node": "a machine of the job; its agent's index is GROUP_RANK",
+    "world size": "the processes of the whole job (WORLD_SIZE)",
+    "global rank": "a process's index in the job, 0 .. world size - 1 (RANK)",
+    "local rank": "its index on its node: which GPU it takes (LOCAL_RANK)",
+}
+
+
+def rank_vocabulary(run):
+    """The vocabulary with a DDP run's own values (its run record: world size, nodes, the
+    device of rank 0), one row per process, as torchrun numbers them: node-major, so
+    global rank = node x processes per node + local rank. Returns (rows, text)."""
+    world_size, nodes = run.start["world_size"], run.start.get("nodes", 1)
+    per_node = world_size // nodes
+    on_gpus = str(run.start["device"]).startswith("cuda")
+    rows = [{"node": rank // per_node, "world_size": world_size, "rank": rank,
+             "local_rank": rank % per_node,
+             "device": f"cuda:{rank % per_node}" if on_gpus else "cpu"}
+            for rank in range(world_size)]
+    table = runlog.format_table(rows, {
+        "node": ("node", "d"), "world_size": ("world size", "d"),
+        "rank": ("global rank", "d"), "local_rank": ("local rank", "d"),
+        "device": ("device", "")})
+    words = "\n".join(f"{word:>11}: {meaning}" for word, meaning in VOCABULARY.items())
+    return rows, f"{table}\n\n{words}"
 
 
 def worked_example_table(rows):
