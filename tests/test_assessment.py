@@ -1,17 +1,27 @@
-"""The assessment's round trip on the real nbgrader CLI, the way an instructor runs it.
+"""The assessment's round trip on the real nbgrader CLI, the way an instructor runs it, and
+more graded runs through its engine.
 
 A copy of assessment/ gets its release and gradebook (`make release`), then one
 submission per case: the instructor's solution, a correct solution in another style, the
-untouched release, the typical mistakes (each must lose exactly its requirement), correct
-variants that must keep full marks, learners' attempts at changing the grade from cells
+untouched release, typical mistakes (each must lose exactly its requirements), a correct
+variant that must keep full marks, learners' attempts at changing the grade from cells
 of their own (each must score exactly what its script earns), and a job that never
-finishes. `make autograde` grades them, each with one real torchrun launch of the
-learner's script; the scores are read from nbgrader's gradebook, because nbgrader exits 0
-even when tests fail. To keep CI time down, most attempts at changing the grade ride on a
-submission with a mistake: without the guards they would turn its lost points into full
-marks.
+finishes. `make autograde` grades them, each with real torchrun launches of the learner's
+script (the graded run, then the same script as one process for the speed-up); the scores
+are read from nbgrader's gradebook, because nbgrader exits 0 even when tests fail. To keep
+CI time down, most attempts at changing the grade ride on a submission with a mistake:
+without the guards they would turn its lost points into full marks.
+
+The variants nbgrader adds nothing to (no cell or file of the learner's beyond the
+script) are graded through the engine alone, ``ddp_checks.launch`` with the graded run's
+settings and each check, one torchrun launch each: the mistakes in averaging the
+gradients, a job of identical copies without a process group, and correct variants
+(gradient accumulation with no_sync, a different initialisation per rank).
 """
+import contextlib
 import csv
+import importlib.util
+import io
 import json
 import os
 import re
@@ -25,6 +35,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
+from test_assessment_sizing import notebook_configs
 
 from conftest import REPO
 
@@ -41,13 +52,14 @@ MAX_SCORE = 12
 # The hanging submission runs under short limits, so that the test does not wait 5 min.
 HANG_LAUNCH_LIMIT_S = 15
 HANG_CELL_TIMEOUT_S = 30
-# Each graded notebook executes within this, on 2 CPU cores.
-NOTEBOOK_LIMIT_S = 60
+# Each graded notebook executes within this, on 2 CPU cores (two launches: the graded run
+# and the single-process run for the speed-up).
+NOTEBOOK_LIMIT_S = 90
 
 # Edits of the instructor's solution, and the test cells (by nbgrader grade_id) that each
 # must fail: all the others must give full points.
 VARIANTS = {
-    "no_sampler": ([
+    "no_sampler": ([  # every rank trains on all the data, in the same order
         ("""    train_sampler = DistributedSampler(train_set, shuffle=True, seed=seed)
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)
 """, """    generator = torch.Generator().manual_seed(seed)
@@ -55,7 +67,7 @@ VARIANTS = {
                               generator=generator)
 """),
         ("        train_loader.sampler.set_epoch(epoch)\n", ""),
-    ], {"shards_disjoint_and_cover"}),
+    ], {"shards_disjoint_and_cover", "gradients_averaged_over_ranks"}),
     "no_set_epoch": ([
         ("        train_loader.sampler.set_epoch(epoch)\n", ""),
     ], {"shards_reshuffled_each_epoch"}),
@@ -74,14 +86,28 @@ VARIANTS = {
         dist.all_reduce(val_sums)
 """, ""),
     ], {"validation_metrics_are_global"}),
+    "lr_not_scaled": ([
+        ("    lr = args.lr * world_size\n", "    lr = args.lr\n"),
+    ], {"learning_rate_follows_global_batch"}),
+    "drop_last": ([
+        ("DistributedSampler(train_set, shuffle=True, seed=seed)",
+         "DistributedSampler(train_set, shuffle=True, seed=seed, drop_last=True)"),
+        ("DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)",
+         "DataLoader(train_set, batch_size=batch_size, sampler=train_sampler,\n"
+         "                              drop_last=True)"),
+    ], set()),
+}
+# Graded through the engine alone: edits of the solution (or a whole script), the test
+# cells each must fail, and words its reason must hold.
+ENGINE_VARIANTS = {
     "not_wrapped": ([
         ("""    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 """, ""),
         ("model.module.state_dict()", "model.state_dict()"),
-    ], {"gradients_averaged_over_ranks"}),
+    ], {"gradients_averaged_over_ranks"}, "each rank stepped on its own gradients"),
     "summed_gradients": ([
         ("        loss.backward()\n", "        (loss * dist.get_world_size()).backward()\n"),
-    ], {"gradients_averaged_over_ranks"}),
+    ], {"gradients_averaged_over_ranks"}, "summed, not averaged"),
     "parameters_averaged_each_epoch": ([
         ("""    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 """, ""),
@@ -93,20 +119,33 @@ VARIANTS = {
                 dist.all_reduce(p)
                 p /= world_size
 """),
-    ], {"gradients_averaged_over_ranks"}),
-    "lr_not_scaled": ([
-        ("    lr = args.lr * world_size\n", "    lr = args.lr\n"),
-    ], {"learning_rate_follows_global_batch"}),
-    "drop_last": ([
-        ("DistributedSampler(train_set, shuffle=True, seed=seed)",
-         "DistributedSampler(train_set, shuffle=True, seed=seed, drop_last=True)"),
-        ("DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)",
-         "DataLoader(train_set, batch_size=batch_size, sampler=train_sampler,\n"
-         "                              drop_last=True)"),
-    ], set()),
+    ], {"gradients_averaged_over_ranks"}, "each rank stepped on its own gradients"),
+    "no_process_group": (  # tests/assessment_submissions/no_process_group.py: copies
+        None, {"shards_disjoint_and_cover", "gradients_averaged_over_ranks"},
+        "(dist.init_process_group was never called)"),
     "init_per_rank_then_broadcast": ([  # DDP broadcasts rank 0's parameters
         ("    torch.manual_seed(args.seed)\n", "    torch.manual_seed(args.seed + rank)\n"),
-    ], set()),
+    ], set(), None),
+    "accumulate_no_sync": ([  # notebook 05's gradient accumulation, 2 batches per step
+        ("import argparse\n", "import argparse\nimport contextlib\n"),
+        ("""    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+""", """    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        # A step every second batch; the first backward skips DDP's all-reduce.
+        step = i % 2 == 1 or i + 1 == len(loader)
+        with contextlib.nullcontext() if step else model.no_sync():
+            loss = F.cross_entropy(model(x), y)
+            (loss / 2).backward()
+        if step:
+            optimizer.step()
+            optimizer.zero_grad()
+"""),
+    ], set(), None),
 }
 NEVER_FINISHES = [  # the epoch counter is never incremented
     ("""    for epoch in range(1, args.epochs + 1):
@@ -306,6 +345,50 @@ def course(tmp_path_factory):
             "autograde_log": autograde_log, "hang_log": hang_log, "grades_log": grades_log}
 
 
+def load_checks():
+    """ddp_checks.py of source/, as the graded notebook imports it."""
+    spec = importlib.util.spec_from_file_location(
+        "round_trip_ddp_checks", ASSESSMENT / "source" / ASSIGNMENT / "ddp_checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """Each of ENGINE_VARIANTS graded by the engine, as its test cells would: one launch
+    with the graded run's settings on 2 CPU processes (no single-process run: the speed-up
+    is the round trip's), then every check and the report. ``{variant: {"reasons":
+    {grade id: reason or None}, "report": (points, passed), "printed": the report}}``."""
+    checks = load_checks()
+    config = checks.Config(**notebook_configs()["graded"], measure_speedup=False)
+    graded = {}
+    for name, (edits, _, _) in ENGINE_VARIANTS.items():
+        folder = tmp_path_factory.mktemp(name)
+        shutil.copy(ASSESSMENT / "source" / ASSIGNMENT / "digits_data.py", folder)
+        script = ((SUBMISSIONS / f"{name}.py").read_text() if edits is None
+                  else with_edits(solution_script(), edits, name).split("\n", 1)[1])
+        (folder / "train_digits_ddp.py").write_text(script)
+        checks.RUN_DIR = folder / "grading_run"
+        with contextlib.redirect_stdout(io.StringIO()):
+            run = checks.launch(folder / "train_digits_ddp.py", config, nproc=2, on_gpu=False)
+        reasons = {}
+        for grade_id, check in checks.CHECKS.items():
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    check(run)
+                reasons[grade_id] = None
+            except checks.RequirementNotMet as reason:
+                reasons[grade_id] = str(reason)
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            report = checks.report(run)
+        graded[name] = {"reasons": reasons, "report": report, "printed": printed.getvalue(),
+                        "seconds": run.elapsed_s}
+        print(f"{name:30} {report[0]:2d}/12 passed={report[1]}  {run.elapsed_s:5.1f} s  "
+              + "; ".join(f"{g}: {r}" for g, r in reasons.items() if r))
+    return graded
+
+
 def failing_cells(course, student):
     return {cell for cell, (got, mx) in course["scores"][student]["cells"].items()
             if got < mx}
@@ -355,6 +438,35 @@ def test_each_variant_loses_exactly_the_requirement_it_breaks(course, variant):
     assert_only_failing(course, variant, VARIANTS[variant][1])
 
 
+@pytest.mark.parametrize("variant", ENGINE_VARIANTS)
+def test_each_variant_graded_by_the_engine_loses_exactly_what_it_breaks(engine, variant):
+    _, lost, reason = ENGINE_VARIANTS[variant]
+    reasons = engine[variant]["reasons"]
+    assert {grade_id for grade_id, why in reasons.items() if why} == lost, reasons
+    if reason:
+        assert any(reason in why for why in reasons.values() if why), reasons
+    points = 12 - sum(load_checks().REQUIREMENTS[grade_id] for grade_id in lost)
+    assert engine[variant]["report"][0] == points
+
+
+def test_correct_variants_pass_and_jobs_that_are_not_data_parallel_do_not(engine):
+    """Gradient accumulation with no_sync (notebook 05's), a different initialisation per
+    rank: full marks. Copies of one training without a process group, and ranks stepping
+    alone: not passed, whatever else they get right."""
+    for variant in ("accumulate_no_sync", "init_per_rank_then_broadcast"):
+        assert engine[variant]["report"] == (12, True)
+    for variant in ("no_process_group", "not_wrapped", "summed_gradients",
+                    "parameters_averaged_each_epoch"):
+        assert engine[variant]["report"][1] is False, variant
+    copies = engine["no_process_group"]
+    assert "Give each rank its own shard (DistributedSampler)" in copies["reasons"][
+        "shards_disjoint_and_cover"]
+    assert "wrap the model in DistributedDataParallel" in copies["reasons"][
+        "gradients_averaged_over_ranks"]
+    assert "Not passed without shards_disjoint_and_cover and gradients_averaged_over_ranks" \
+        in copies["printed"]
+
+
 def test_every_graded_notebook_runs_within_the_limit(course):
     slow = {student: round(s) for student, s in course["seconds"].items()
             if s > NOTEBOOK_LIMIT_S and student != "never_finishes"}
@@ -363,13 +475,15 @@ def test_every_graded_notebook_runs_within_the_limit(course):
 
 def test_feedback_says_why_a_requirement_is_not_met(course):
     assert "set_epoch(epoch)" in feedback_text(course, "no_set_epoch")
-    assert "overlapping data" in feedback_text(course, "no_sampler")
+    no_sampler = feedback_text(course, "no_sampler")
+    assert "overlapping data" in no_sampler  # shards_disjoint_and_cover
+    assert "the ranks trained on the same samples" in no_sampler  # gradients_averaged
+    assert no_sampler.count("Give each rank its own shard (DistributedSampler)") >= 2
     assert "rank 1 wrote out/checkpoint.pt" in feedback_text(course, "checkpoint_every_rank")
     assert "dist.all_reduce" in feedback_text(course, "metrics_not_reduced")
-    assert "summed, not averaged" in feedback_text(course, "summed_gradients")
-    for student in ("not_wrapped", "parameters_averaged_each_epoch"):
-        assert "each rank stepped on its own gradients" in feedback_text(course, student)
-    assert "scale --lr 0.04 by the world size" in feedback_text(course, "lr_not_scaled")
+    graded_lr = notebook_configs()["graded"]["lr"]
+    assert f"scale --lr {graded_lr:g} by the world size" in feedback_text(course,
+                                                                          "lr_not_scaled")
     for student in course["scores"]:  # in test cells: the reason alone, no traceback
         for cell in graded_notebook(course, student).cells:
             if cell.metadata.get("nbgrader", {}).get("grade"):
@@ -381,14 +495,25 @@ def test_feedback_says_why_a_requirement_is_not_met(course):
 
 def test_feedback_ends_with_the_total_and_the_pass_mark(course):
     expected = {"solution": "Total: 12 of 12 points", "lr_not_scaled": "Total: 11 of 12",
-                "not_wrapped": "Total: 9 of 12", "untouched_release": "Total: 0 of 12"}
+                "no_sampler": "Total: 7 of 12", "untouched_release": "Total: 0 of 12"}
+    rule = load_checks().pass_rule()
     for student, total in expected.items():
         feedback = feedback_text(course, student)
         assert total in feedback
-        assert "Pass mark: at least 9 of the 12 points, including " \
-               "runs_and_reaches_target_accuracy and gradients_averaged_over_ranks" in feedback
-        verdict = "NOT PASSED" if student in ("not_wrapped", "untouched_release") else "PASSED"
+        assert f"Pass mark: {rule}." in feedback
+        verdict = "NOT PASSED" if student in ("no_sampler", "untouched_release") else "PASSED"
         assert f"Result: {verdict}." in feedback
+    assert "Not passed without shards_disjoint_and_cover and gradients_averaged_over_ranks" \
+        in feedback_text(course, "no_sampler")
+
+
+def test_feedback_reports_the_speed_up_and_why_the_cpu_does_not_require_it(course):
+    feedback = feedback_text(course, "solution")
+    assert re.search(r"Speed-up: [\d,]+ training samples/s on 2 CPU processes, [\d,]+ as a "
+                     r"single process: \d+\.\d\dx \(on the CPU the speed-up is reported, not "
+                     r"required: the processes share", feedback), feedback[-3000:]
+    # In requirement 1's verdict too.
+    assert "times as fast as one process (on the CPU the speed-up is reported" in feedback
 
 
 @pytest.mark.parametrize("student", [*ATTEMPTS, "script_cell_as_kernel_code"])
@@ -464,9 +589,11 @@ def test_grades_csv_matches_the_gradebook_with_a_pass_column(course):
             assert float(row[cell]) == got
         lost = failing_cells(course, student)
         passed = (result["total"][0] >= 9 and not lost & {
-            "runs_and_reaches_target_accuracy", "gradients_averaged_over_ranks"})
+            "runs_and_reaches_target_accuracy", "shards_disjoint_and_cover",
+            "gradients_averaged_over_ranks"})
         assert row["passed"] == ("yes" if passed else "no"), student
-    assert rows["solution"]["passed"] == "yes" and rows["not_wrapped"]["passed"] == "no"
+    assert rows["solution"]["passed"] == "yes" and rows["no_sampler"]["passed"] == "no"
+    assert rows["metrics_not_reduced"]["passed"] == "yes"  # 10 points, all three required
     assert f"{len(rows)} learners" in course["grades_log"]
 
 

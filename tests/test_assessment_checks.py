@@ -16,6 +16,7 @@ import inspect
 import io
 import json
 import random
+import re
 import sys
 from array import array
 
@@ -53,35 +54,39 @@ def batches(indices, size=BATCH, drop_last=False):
     return [indices[i:i + size] for i in range(0, cut, size)]
 
 
-def sampler_shard(epoch, rank, drop_last=False):
+def sampler_shard(epoch, rank, drop_last=False, world=WORLD):
     """What DistributedSampler(shuffle=True) gives a rank: a slice of an epoch's
     permutation, padded (or trimmed, drop_last) to a multiple of the world size."""
     order = random.Random(epoch).sample(range(N_TRAIN), N_TRAIN)
     if drop_last:
-        order = order[:N_TRAIN - N_TRAIN % WORLD]
+        order = order[:N_TRAIN - N_TRAIN % world]
     else:
-        order += order[:(-N_TRAIN) % WORLD]
-    return order[rank::WORLD]
+        order += order[:(-N_TRAIN) % world]
+    return order[rank::world]
 
 
 def params_b64(values):
     return base64.b64encode(array("f", values).tobytes()).decode()
 
 
-def good_run(tmp_path):
+def good_run(tmp_path, world=WORLD, on_gpu=False, pass_s=0.5, config=CONFIG):
+    """The records of a correct job of ``world`` ranks, each pass over the training set
+    taking ``pass_s`` seconds."""
     out = tmp_path / "grading_run" / "out"
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     losses = [0.1 * (i + 1) for i in range(N_VAL)]
     correct = [1] * (N_VAL - 1) + [0]
     ranks = []
-    for rank in range(WORLD):
+    for rank in range(world):
         passes = []
-        for epoch in range(EPOCHS):
-            passes.append({"split": "train", "batches": batches(sampler_shard(epoch, rank))})
-            passes.append({"split": "val", "batches": [list(range(rank, N_VAL, WORLD))]})
+        for epoch in range(config.epochs):
+            passes.append({"split": "train", "seconds": pass_s,
+                           "batches": batches(sampler_shard(epoch, rank, world=world))})
+            passes.append({"split": "val", "batches": [list(range(rank, N_VAL, world))],
+                           "seconds": 0.01})
         ranks.append({
             "rank": rank, "error": None, "data_loaded": True, "n_train": N_TRAIN,
-            "passes": passes, "process_group_size": WORLD, "lrs": [LR * WORLD] * 8,
+            "passes": passes, "process_group_size": world, "lrs": [LR * world] * 8,
             "writes": [str(out / "log.jsonl"), str(out / "checkpoint.pt")] if rank == 0 else [],
             "metric_lines": ["epoch  2/2  val_loss 0.4500  val_acc 0.8750"] if rank == 0 else [],
             "stdout": [], "model": {"found": True, "params_b64": params_b64(PARAMS)},
@@ -89,13 +94,13 @@ def good_run(tmp_path):
             "checkpoint": {"saved": True, "loads": True, "matches_final": True,
                            "problem": ""} if rank == 0 else {"saved": False},
         })
-    ranks[0]["replay"] = {"steps": 3, "ranks": [
-        {"start": 0.0, "averaged": 3e-7, "summed": 0.49, "local": 0.56} for _ in range(WORLD)]}
+    ranks[0]["replay"] = {"steps": 3, "shared": 0, "samples": [3 * BATCH] * world, "ranks": [
+        {"start": 0.0, "averaged": 3e-7, "summed": 0.49, "local": 0.56} for _ in range(world)]}
     (out / "log.jsonl").write_text(json.dumps(
         {"epoch": 2, "val_loss": sum(losses) / N_VAL, "val_acc": sum(correct) / N_VAL}) + "\n")
     (out / "checkpoint.pt").write_bytes(b"saved")
-    return ddp_checks.Run(script="train_digits_ddp.py", config=CONFIG, nproc=WORLD,
-                          on_gpu=False, time_limit_s=60, returncode=0, ranks=ranks,
+    return ddp_checks.Run(script="train_digits_ddp.py", config=config, nproc=world,
+                          on_gpu=on_gpu, time_limit_s=60, returncode=0, ranks=ranks,
                           out_dir=out)
 
 
@@ -135,12 +140,60 @@ def test_a_correct_job_meets_every_requirement_and_passes(run):
 # -- one case per mistake the round trip grades ----------------------------------------
 
 def test_overlapping_shards_fail_cover(run):
-    for rank, record in enumerate(run.ranks):  # no sampler: every rank draws everything
+    for rank, record in enumerate(run.ranks):  # every rank draws everything, shuffled apart
         for epoch, p in enumerate(r for r in record["passes"] if r["split"] == "train"):
             p["batches"] = batches(random.Random(10 * epoch + rank).sample(range(N_TRAIN),
                                                                            N_TRAIN))
     assert failing(run) == {"shards_disjoint_and_cover"}
     assert "the ranks train on overlapping data" in check("shards_disjoint_and_cover", run)
+
+
+def no_sampler(run):
+    """DDP without a sampler: every rank shuffles the whole set with the same seed, so
+    the ranks draw the same batches, and the replay finds every sample of the first steps
+    on every rank (its local and averaged replays are then the same)."""
+    for record in run.ranks:
+        for epoch, p in enumerate(r for r in record["passes"] if r["split"] == "train"):
+            p["batches"] = batches(random.Random(epoch).sample(range(N_TRAIN), N_TRAIN))
+    run.ranks[0]["replay"].update(shared=3 * BATCH, samples=[3 * BATCH] * WORLD)
+    for result in run.ranks[0]["replay"]["ranks"]:
+        result.update(averaged=2e-7, local=2e-7)
+
+
+def test_ddp_without_a_sampler_does_not_pass_and_says_why(run):
+    no_sampler(run)
+    assert failing(run) == {"shards_disjoint_and_cover", "gradients_averaged_over_ranks"}
+    assert "Give each rank its own shard (DistributedSampler)" in check(
+        "shards_disjoint_and_cover", run)
+    reason = check("gradients_averaged_over_ranks", run)
+    assert "the ranks trained on the same samples" in reason
+    assert "Give each rank its own shard (DistributedSampler)" in reason
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert ddp_checks.report(run) == (7, False)
+    assert "Not passed without shards_disjoint_and_cover and " \
+           "gradients_averaged_over_ranks" in printed.getvalue()
+
+
+def test_copies_without_a_process_group_do_not_pass_and_say_why(run):
+    """A single-device script with its I/O on rank 0 and the rate times WORLD_SIZE, but no
+    process group, no DDP, no sampler: N identical trainings."""
+    no_sampler(run)
+    for record in run.ranks:
+        record["process_group_size"] = 1
+    assert failing(run) == {"shards_disjoint_and_cover", "gradients_averaged_over_ranks"}
+    reason = check("gradients_averaged_over_ranks", run)
+    assert "in a process group of 1 process, not of the job's 2" in reason
+    assert "dist.init_process_group was never called" in reason
+    assert "DistributedDataParallel" in reason
+    assert not ddp_checks.passes(set(ddp_checks.REQUIREMENTS) - failing(run))
+
+
+def test_samples_the_sampler_repeats_to_pad_are_no_shared_training(run):
+    run.ranks[0]["replay"]["shared"] = WORLD - 1  # DistributedSampler's padding at most
+    assert check("gradients_averaged_over_ranks", run).startswith("PASS")
+    run.ranks[0]["replay"]["shared"] = WORLD
+    assert "the ranks trained on the same samples" in check("gradients_averaged_over_ranks",
+                                                            run)
 
 
 def test_same_order_every_epoch_fails_reshuffling(run):
@@ -303,15 +356,170 @@ def test_a_crash_names_the_rank_the_line_and_the_unwritten_part(run):
 
 # -- the pass mark and the notebook -----------------------------------------------------
 
-@pytest.mark.parametrize("lost, passed", [
+PASS_MARK_CASES = [  # requirements lost -> passes; README.md states the same examples
     (set(), True),
     ({"validation_metrics_are_global", "learning_rate_follows_global_batch"}, True),
-    ({"shards_disjoint_and_cover", "validation_metrics_are_global"}, False),  # 8 points
-    ({"gradients_averaged_over_ranks"}, False),  # 9 points, without the one it needs
-    ({"runs_and_reaches_target_accuracy"}, False),
-])
+    ({"shards_reshuffled_each_epoch", "rank0_only_logs_and_writes",
+      "checkpoint_loads_into_plain_model"}, True),
+    ({"shards_reshuffled_each_epoch", "validation_metrics_are_global",
+      "learning_rate_follows_global_batch"}, False),  # 8 points
+    ({"shards_disjoint_and_cover"}, False),  # 10 points, without a shard per rank
+    ({"gradients_averaged_over_ranks"}, False),  # 9 points, without synchronised steps
+    ({"runs_and_reaches_target_accuracy"}, False),  # 11 points, without training (or speed)
+]
+
+
+@pytest.mark.parametrize("lost, passed", PASS_MARK_CASES)
 def test_pass_mark(lost, passed):
     assert ddp_checks.passes(set(ddp_checks.REQUIREMENTS) - lost) is passed
+
+
+def test_the_pass_mark_requires_what_makes_a_job_data_parallel():
+    assert set(ddp_checks.PASS_REQUIRES) == {"runs_and_reaches_target_accuracy",
+                                             "shards_disjoint_and_cover",
+                                             "gradients_averaged_over_ranks"}
+    for grade_id in ddp_checks.PASS_REQUIRES:  # each alone, whatever the other points
+        assert not ddp_checks.passes(set(ddp_checks.REQUIREMENTS) - {grade_id})
+
+
+def test_readme_states_the_pass_mark_with_examples_that_follow_from_it():
+    """Each row of the README's table of examples: the requirements lost, the points left,
+    and whether that passes, as ddp_checks.passes decides."""
+    readme = (ASSESSMENT / "README.md").read_text()
+    numbers = {i + 1: grade_id for i, grade_id in enumerate(ddp_checks.REQUIREMENTS)}
+    assert f"**{pass_mark_sentence()}**" in readme
+    rows = re.findall(r"^\| lost: ([^|]*) \| (\d+) \| (passes|does not pass) \|$", readme,
+                      re.M)
+    assert len(rows) >= len(PASS_MARK_CASES)
+    for lost, points, verdict in rows:
+        lost = {numbers[int(n)] for n in re.findall(r"#(\d)", lost)}
+        met = set(ddp_checks.REQUIREMENTS) - lost
+        assert sum(ddp_checks.REQUIREMENTS[g] for g in met) == int(points), lost
+        assert ddp_checks.passes(met) is (verdict == "passes"), lost
+    assert "still passes, two do not" not in readme
+
+
+def pass_mark_sentence():
+    """The pass mark as the notebook and README state it, from ddp_checks."""
+    numbers = [str(i + 1) for i, grade_id in enumerate(ddp_checks.REQUIREMENTS)
+               if grade_id in ddp_checks.PASS_REQUIRES]
+    return (f"Pass mark: requirements {', '.join(numbers[:-1])} and {numbers[-1]}, and at "
+            f"least {ddp_checks.PASS_POINTS} of the {sum(ddp_checks.REQUIREMENTS.values())} "
+            f"points.")
+
+
+# -- the speed-up: required on GPUs, reported on the CPU ---------------------------------
+
+def with_one_process_run(tmp_path, run, pass_s):
+    """``run`` with the records of the same script as a single process, each of its passes
+    over the training set taking ``pass_s`` seconds."""
+    alone = good_run(tmp_path / "one_process", world=1, on_gpu=run.on_gpu, pass_s=pass_s,
+                     config=ddp_checks.replace(run.config, epochs=ddp_checks.BASELINE_EPOCHS))
+    run.one_process = alone
+    return run
+
+
+def four_gpu_run(tmp_path, speedup):
+    """A 4-GPU grader's records of a correct job ``speedup`` times as fast as one GPU: each
+    rank's pass holds a quarter of the samples (plus the sampler's padding)."""
+    run = good_run(tmp_path, world=4, on_gpu=True, pass_s=0.1)
+    per_pass = N_TRAIN + (-N_TRAIN) % 4  # DistributedSampler pads 26 to 28
+    return with_one_process_run(tmp_path, run, pass_s=0.1 * speedup * N_TRAIN / per_pass)
+
+
+@pytest.mark.parametrize("speedup, passed", [(3.6, True), (2.41, True), (2.39, False),
+                                             (1.0, False)])
+def test_on_four_gpus_the_speed_up_is_part_of_requirement_one(tmp_path, monkeypatch,
+                                                              speedup, passed):
+    monkeypatch.chdir(tmp_path)
+    run = four_gpu_run(tmp_path, speedup)
+    assert run.speed()[0] == pytest.approx(speedup)
+    verdict = check("runs_and_reaches_target_accuracy", run)
+    assert verdict.startswith("PASS" if passed else "FAIL"), verdict
+    if passed:
+        assert f"{speedup:.2f} times as fast as one GPU (required: 2.40)" in verdict
+    else:
+        assert f"{speedup:.2f} times the" in verdict
+        assert "required: 0.6 x 4 = 2.40 times" in verdict
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert ddp_checks.report(run) == (12 if passed else 11, passed)
+    assert f"{speedup:.2f}x (required: 0.6 x 4 = 2.40x)" in printed.getvalue()
+
+
+def test_on_gpus_a_speed_up_that_could_not_be_measured_fails(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = four_gpu_run(tmp_path, 3.0)
+    run.one_process.returncode, run.one_process.ranks[0]["error"] = 1, {
+        "type": "KeyError", "message": "'LOCAL_RANK'", "where": "train_digits_ddp.py line 3"}
+    assert "could not be measured: rank 0 stopped with KeyError" in check(
+        "runs_and_reaches_target_accuracy", run)
+
+
+@pytest.mark.parametrize("speedup", [0.4, 1.6])
+def test_on_the_cpu_the_speed_up_is_reported_not_required(run, tmp_path, speedup):
+    with_one_process_run(tmp_path, run, pass_s=0.5 * speedup * N_TRAIN / N_TRAIN)
+    verdict = check("runs_and_reaches_target_accuracy", run)
+    assert verdict.startswith("PASS")
+    assert f"{speedup:.2f} times as fast as one process" in verdict
+    assert "on the CPU the speed-up is reported, not required" in verdict
+    assert failing(run) == set()
+
+
+def test_the_speed_counts_the_passes_after_the_first(tmp_path):
+    run = good_run(tmp_path, world=2, pass_s=0.5)
+    for record in run.ranks:  # a slow first epoch (warm-up) does not count
+        next(p for p in record["passes"] if p["split"] == "train")["seconds"] = 50.0
+    assert run.samples_per_s == pytest.approx(N_TRAIN / 0.5)
+    run.ranks[1]["passes"][2]["seconds"] = 1.0  # the slowest rank sets the pace
+    assert run.samples_per_s == pytest.approx(N_TRAIN / 1.0)
+
+
+# -- the notebook's plain launch: the job's output and one line on how it ended ------------
+
+# What torchrun --tee 3 --log-line-prefix-template "[rank${rank}]: " printed for a 2-process
+# job whose rank 1 raised (torch 2.14.1; torchrun's traceback and summary shortened).
+TORCHRUN_OUTPUT = """W1201 14:01:20.164000 26689 torch/distributed/run.py:851] Setting OMP
+[rank0]: [rank 0/2] cpu
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/tmp/train.py", line 5, in <module>
+[rank1]:     raise ValueError("boom")
+[rank1]:     ^^^^^^^^^^^^^^^^^^^^^^^^
+[rank1]: ValueError: boom
+[rank0]: epoch  1/3  val_loss 0.5000  val_acc 0.8000
+[rank0]:   an indented line of the script's own
+[rank1]: [rank 1/2] cpu
+E1201 14:01:35.385000 26689 torch/distributed/elastic/multiprocessing/api.py:1002] failed
+Traceback (most recent call last):
+  File "/work/main/.venv/bin/torchrun", line 6, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_14:01:35
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 26791)
+============================================================
+"""
+
+
+def test_the_launch_cell_shows_the_jobs_lines_and_which_rank_failed_first():
+    shown = []
+    output = ddp_checks.JobOutput(show=shown.append)
+    for line in TORCHRUN_OUTPUT.splitlines(keepends=True):
+        output.feed(line)
+    assert shown == ["[rank 0/2] cpu", "[rank 1] ValueError: boom",
+                     "epoch  1/3  val_loss 0.5000  val_acc 0.8000",
+                     "  an indented line of the script's own", "[rank 1] [rank 1/2] cpu"]
+    assert output.ending("train.py on 2 CPU processes", 1, 15.2) == (
+        "FAILED after 15 s: train.py on 2 CPU processes: rank 1 failed first (exit code 1): "
+        "ValueError: boom")
+    assert output.ending("train.py on 2 CPU processes", 0, 9.6) == (
+        "SUCCESS: train.py on 2 CPU processes, finished in 10 s.")
+    assert output.ending("job", -15, 300.4, time_limit_s=300).startswith(
+        "STOPPED: job did not finish within 300 s.")
 
 
 def test_report_of_a_job_without_averaged_gradients_does_not_pass(run):
@@ -350,17 +558,43 @@ def test_every_cell_belongs_to_the_assignment_and_only_the_script_is_editable():
     assert "DDP step" not in script.source
 
 
-def test_notebook_states_the_points_and_the_pass_mark_of_ddp_checks():
-    intro = nbgrader_cells()[0][0].source
-    total = sum(ddp_checks.REQUIREMENTS.values())
-    assert (f"Pass mark: {ddp_checks.PASS_POINTS} of the {total} points, including "
-            f"requirements 1 and 4" in intro)
-    numbers = {grade_id: i + 1 for i, grade_id in enumerate(ddp_checks.REQUIREMENTS)}
-    assert [numbers[g] for g in ddp_checks.PASS_REQUIRES] == [1, 4]
-    rows = [line for line in intro.split("\n") if line.startswith("| ") and line[2].isdigit()]
+def test_notebook_states_the_points_the_pass_mark_and_the_speed_bar_of_ddp_checks():
+    cells = {meta["grade_id"]: " ".join(cell.source.split()) for cell, meta in nbgrader_cells()}
+    intro = cells["intro"]
+    assert f"**{pass_mark_sentence()}**" in intro
+    assert pass_mark_sentence().removeprefix("Pass mark: ").removesuffix(".") in cells[
+        "result_intro"]
+    rows = [line for line in nbgrader_cells()[0][0].source.split("\n")
+            if line.startswith("| ") and line[2].isdigit()]
     assert [int(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows] == list(
         ddp_checks.REQUIREMENTS.values())
     assert f"first {ddp_recorder.REPLAY_STEPS} optimizer steps" in intro
+    assert f"{ddp_checks.SPEEDUP_PER_GPU} x N times as many samples per second" in intro
+    assert ddp_checks.SPEEDUP_NOT_REQUIRED_ON_CPU[0].upper() + \
+        ddp_checks.SPEEDUP_NOT_REQUIRED_ON_CPU[1:] in intro
+    assert "one optimizer step per batch" not in intro  # accumulation is allowed
+    total = sum(ddp_checks.REQUIREMENTS.values())
+    required = sum(ddp_checks.REQUIREMENTS[g] for g in ddp_checks.PASS_REQUIRES)
+    assert (f"it passes unless it loses more than {total - ddp_checks.PASS_POINTS} of the "
+            f"other requirements' {total - required} points") in intro
+
+
+def test_notebook_warns_that_other_ranks_printing_metrics_costs_requirement_five():
+    cells = {meta["grade_id"]: cell.source for cell, meta in nbgrader_cells()}
+    assert "val_loss" in cells["run_ddp_intro"] and "requirement 5" in cells["run_ddp_intro"]
+    assert ddp_recorder.METRIC_LINE.search("val_loss") and \
+        ddp_recorder.METRIC_LINE.search("val_acc")
+    assert "ddp_checks.run_script(" in cells["run_ddp"]
+    assert "torchrun" not in cells["run_ddp"]  # no raw torchrun output
+
+
+def test_the_graded_cells_launch_on_the_notebooks_layout():
+    """The test cell launches with the NPROC and ON_GPU the setup cell chose (the grader's
+    layout), the visible run and the graded one each with its own Config."""
+    cells = {meta["grade_id"]: cell.source for cell, meta in nbgrader_cells()}
+    assert "NPROC, ON_GPU = ddp_checks.process_layout()" in cells["setup"]
+    assert 'ddp_checks.launch("train_digits_ddp.py", config, NPROC, ON_GPU)' in cells[
+        "runs_and_reaches_target_accuracy"]
 
 
 # -- the recorder, in this process, on a toy script --------------------------------------
@@ -379,6 +613,9 @@ from digits_data import load_data
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--sampler", action="store_true")
+parser.add_argument("--rank", type=int, default=0)
+parser.add_argument("--accumulate", type=int, default=1)
+parser.add_argument("--batch-size", type=int, default=256)
 parser.add_argument("--out", type=Path)
 parser.add_argument("--fail", action="store_true")
 args = parser.parse_args()
@@ -386,18 +623,20 @@ train_set, val_set = load_data()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-if args.sampler:  # rank 0 of 2, without a process group
-    sampler = DistributedSampler(train_set, num_replicas=2, rank=0, shuffle=True, seed=0)
-    loader = DataLoader(train_set, batch_size=256, sampler=sampler)
+if args.sampler:  # rank --rank of 2, without a process group
+    sampler = DistributedSampler(train_set, num_replicas=2, rank=args.rank, shuffle=True,
+                                 seed=0)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 else:
-    loader = DataLoader(train_set, batch_size=256, shuffle=True)
+    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
 for epoch in range(2):
     if args.sampler:
         sampler.set_epoch(epoch)
-    for x, y in loader:
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
+    for i, (x, y) in enumerate(loader):  # a step every --accumulate batches
+        (F.cross_entropy(model(x), y) / args.accumulate).backward()
+        if (i + 1) % args.accumulate == 0 or i + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
     with torch.no_grad():
         for x, y in DataLoader(val_set, batch_size=100):
             model(x)
@@ -409,12 +648,12 @@ torch.save({"model": model.state_dict()}, args.out / "checkpoint.pt")
 '''
 
 
-def record_toy(tmp_path, *flags):
+def record_toy(tmp_path, *flags, rank=0, world_size=1):
     script = tmp_path / "toy.py"
     script.write_text(TOY_SCRIPT)
     evidence, out = tmp_path / "evidence", tmp_path / "out"
-    evidence.mkdir()
-    recorder = ddp_recorder.Recorder(0, 1, evidence, out, script)
+    evidence.mkdir(exist_ok=True)
+    recorder = ddp_recorder.Recorder(rank, world_size, evidence, out, script)
     recorder.run(["--out", str(out), *flags])
     return recorder, recorder.record()
 
@@ -460,12 +699,15 @@ def test_recorder_records_each_batch_the_steps_and_a_replay(toy):
     assert train[0] != train[1]  # shuffled anew
     assert val == [[list(range(0, 100)), list(range(100, 200)), list(range(200, 300)),
                     list(range(300, 360))]] * 2
+    assert all(p["seconds"] > 0 for p in record["passes"])  # each pass timed
     assert record["lrs"] == [0.1] * 12
+    assert record["process_group_size"] == 1
     replay = record["replay"]
     assert replay["steps"] == ddp_recorder.REPLAY_STEPS
     # One rank: its own steps are the averaged, summed and local replay at once.
     assert replay["ranks"][0]["start"] == 0
     assert max(replay["ranks"][0][k] for k in ("averaged", "summed", "local")) < 1e-5
+    assert (replay["shared"], replay["samples"]) == (0, [3 * 256])
     assert record["checkpoint"] == {"saved": True, "loads": True, "matches_final": True,
                                     "problem": ""}
     assert record["writes"] == [str(toy / "out" / "checkpoint.pt")]
@@ -474,6 +716,44 @@ def test_recorder_records_each_batch_the_steps_and_a_replay(toy):
     assert sorted(p.name for p in (toy / "evidence").iterdir()) == ["steps.rank0.pt"]
     # Everything patched is back as it was.
     assert (dataloader._BaseDataLoaderIter._next_index, builtins.open, sys.stdout) == originals
+
+
+def test_recorder_replays_each_step_on_the_batches_it_accumulated(toy):
+    """Two batches per optimizer step (loss / 2 each, one step after the second): each
+    replayed step trains on both, so the replay matches the script's training."""
+    import torch
+
+    _, record = record_toy(toy, "--accumulate", "2", "--batch-size", "128")
+    assert record["lrs"] == [0.1] * 12  # 12 batches per epoch, a step every second
+    replay = record["replay"]
+    assert max(replay["ranks"][0][k] for k in ("averaged", "local")) < 1e-5
+    first = torch.load(ddp_recorder.steps_file(toy / "evidence", 0), weights_only=False)
+    train = [p["batches"] for p in record["passes"] if p["split"] == "train"]
+    assert first["batches"] == [train[0][0:2], train[0][2:4], train[0][4:6]]
+    assert replay["samples"] == [6 * 128]
+
+
+def test_recorder_sees_copies_of_one_training_as_such(toy):
+    """What a script with no process group leaves in the records, two ranks of it run one
+    after the other in this process: each rank took its steps outside any process group,
+    on the same samples, so the replay cannot tell averaging from training alone."""
+    for rank in (1, 0):  # rank 0 last: it replays once rank 1's first steps are there
+        _, record = record_toy(toy, rank=rank, world_size=2)
+        assert record["process_group_size"] == 1
+    replay = record["replay"]
+    assert replay["shared"] == replay["samples"][0] == replay["samples"][1] == 3 * 256
+    assert all(r["averaged"] < 1e-5 and r["local"] < 1e-5 for r in replay["ranks"])
+
+
+def test_recorder_finds_ranks_that_step_alone_on_their_own_shards(toy):
+    for rank in (1, 0):
+        _, record = record_toy(toy, "--sampler", "--rank", str(rank), rank=rank,
+                               world_size=2)
+    replay = record["replay"]
+    # The first 3 steps are each rank's whole shard, with the one sample DistributedSampler
+    # repeats to make 1,437 samples two equal shards.
+    assert replay["shared"] == 1 and replay["samples"] == [719, 719]
+    assert all(r["local"] < 1e-5 < 0.1 < r["averaged"] for r in replay["ranks"])
 
 
 def test_recorder_follows_a_distributed_sampler(toy):
@@ -510,6 +790,11 @@ def test_the_private_dataloader_methods_the_recorder_patches_exist():
     assert list(reset) == ["self", "loader", "first_iter"]
     assert reset["first_iter"].default is False
     assert list(inspect.signature(base._next_index).parameters) == ["self"]
+    # __next__ hands out the batches (the recorder pairs them with the optimizer steps):
+    # the iterators inherit it, so patching the base class patches them all.
+    for iterator in (dataloader._SingleProcessDataLoaderIter,
+                     dataloader._MultiProcessingDataLoaderIter):
+        assert "__next__" not in vars(iterator) and iterator.__next__ is base.__next__
 
 
 # -- the grading guard and the grade export ---------------------------------------------
@@ -570,8 +855,11 @@ def test_grades_export_has_a_column_per_requirement_and_the_verdict():
         students=[SimpleNamespace(id=s, first_name=None, last_name=None)
                   for s in ("carol", "bob", "alice")],
         find_submission=find_submission)
+    # The checks as export_grades.py loads them (by path, outside sys.modules).
+    checks = export_grades.load_checks("ddp_refactor")
+    assert checks.pass_rule() == ddp_checks.pass_rule()
     rows = {row["student_id"]: row for row in export_grades.grade_rows(
-        gradebook, "ddp_refactor", ddp_checks)}
+        gradebook, "ddp_refactor", checks)}
     assert [rows[s]["passed"] for s in ("alice", "bob", "carol")] == ["yes", "no", "no"]
     assert (rows["bob"]["score"], rows["bob"]["max_score"]) == (9, 12)
     assert rows["bob"]["gradients_averaged_over_ranks"] == 0
@@ -595,3 +883,20 @@ def test_the_process_layout_asks_torch_not_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.delenv(ddp_checks.NPROC_ENV, raising=False)
     assert ddp_checks.visible_gpus() == 0
     assert ddp_checks.process_layout() == (ddp_checks.CPU_PROCESSES, False)
+
+
+@pytest.mark.slow
+def test_the_launch_cell_runs_torchrun_and_summarises_the_job(tmp_path, monkeypatch, capsys):
+    """run_script on a real torchrun (its --tee and prefix flags at the installed torch):
+    the ranks' lines, tagged, and which rank failed first, without torchrun's traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text(
+        "import os\nrank = os.environ['RANK']\nprint(f'hello from rank {rank}', flush=True)\n"
+        "if rank == '1':\n    raise ValueError('boom')\n")
+    assert ddp_checks.run_script("job.py", nproc=2, on_gpu=False, time_limit_s=120) == 1
+    shown = capsys.readouterr().out.splitlines()
+    assert "hello from rank 0" in shown and "[rank 1] hello from rank 1" in shown
+    assert shown[-1].startswith("FAILED after ")
+    assert shown[-1].endswith("job.py on 2 CPU processes: rank 1 failed first (exit code 1): "
+                              "ValueError: boom")
+    assert not any("Traceback" in line or "Root Cause" in line for line in shown)

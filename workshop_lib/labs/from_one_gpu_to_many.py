@@ -16,7 +16,9 @@ disjoint shards that cover the data, reshuffled each epoch; gradients averaged (
 rank's parameters after the first steps equal one process's replay on the global batch);
 only rank 0 prints and writes; the checkpoint loads into the plain model; the logged
 metrics are the global ones; it learns. (The learning-rate rule is notebook 03's subject,
-so it is not judged here.)
+so it is not judged here.) The job runs on the notebook's processes and device: its
+profile's ``nproc`` and ``ddp_device``, which ``notebook.setup`` exports as ``NPROC`` and
+``DDP_DEVICE``.
 
 **from_scratch** (section "DDP from two collectives"). The learner's
 ``NaiveDataParallel`` (a ``%%writefile`` cell) must broadcast rank 0's parameters and
@@ -123,6 +125,13 @@ JUDGED = ("runs_and_reaches_target_accuracy", "shards_disjoint_and_cover",
           "shards_reshuffled_each_epoch", "gradients_averaged_over_ranks",
           "rank0_only_logs_and_writes", "checkpoint_loads_into_plain_model",
           "validation_metrics_are_global")
+# The check's run (the engine's Config). A small batch per process keeps enough optimizer
+# steps at 8 ranks (4 epochs: 92 steps) for the reference, which keeps --lr unscaled, and
+# for the linear and square-root rules alike: tests/test_assessment_sizing.py simulates
+# them on 1, 2, 4 and 8 ranks over seeds and prints the margins. No speed-up run: the
+# exercise is the conversion, the speed-up the assessment's.
+RUN = {"epochs": 4, "batch_size": 8, "lr": 0.02, "seed": 0, "target_accuracy": 0.85,
+       "time_limit_s": 180, "measure_speedup": False}
 
 
 def engine():
@@ -133,17 +142,31 @@ def engine():
     return module
 
 
-def check_conversion(path):
+def layout(nproc=None, device=None):
+    """``(processes, on_gpu)`` of the conversion check's job: ``nproc`` and ``device``
+    ("cuda" or "cpu") where given, else the notebook's profile (``NPROC`` and
+    ``DDP_DEVICE``, exported by ``notebook.setup``), else the course's choice for this
+    machine."""
+    nproc = nproc or os.environ.get("NPROC")
+    device = device or os.environ.get("DDP_DEVICE")
+    if not nproc or not device:
+        from workshop_lib import profile
+
+        chosen = profile.get_profile("auto", launches=profile.PROCESSES)
+        nproc, device = nproc or chosen.nproc, device or chosen.ddp_device
+    return int(nproc), device == "cuda"
+
+
+def check_conversion(path, nproc=None, device=None):
     path = Path(path).resolve()
     if not path.is_file():
         return Verdict(False, f"{path.name} does not exist: run the %%writefile cell first")
     checks = engine()
     checks.RUN_DIR = Path(tempfile.mkdtemp(prefix="lab-conversion-"))
     os.environ[DATA_MODULE_ENV] = "workshop_lib.labs.conversion_data"  # the recorder's
-    config = checks.Config(epochs=3, batch_size=32, lr=0.05, seed=0, target_accuracy=0.85,
-                           time_limit_s=180)
+    processes, on_gpu = layout(nproc, device)
     with contextlib.redirect_stdout(io.StringIO()):
-        run = checks.launch(str(path), config)
+        run = checks.launch(str(path), checks.Config(**RUN), processes, on_gpu)
     results = {}
     for grade_id in JUDGED:
         try:
@@ -160,7 +183,7 @@ def check_conversion(path):
         return Verdict(False, f"{len(missed)} of {len(JUDGED)} requirements not met yet, "
                               f"first {missed[0]}: {results[missed[0]]}", {"results": results})
     return Verdict(True, f"all {len(JUDGED)} requirements met: your script is a correct DDP "
-                         f"job ({run.nproc} processes, {run.elapsed_s:.0f} s)",
+                         f"job ({checks.where(run.nproc, run.on_gpu)}, {run.elapsed_s:.0f} s)",
                    {"results": results})
 
 

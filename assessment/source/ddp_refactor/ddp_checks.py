@@ -8,11 +8,13 @@ named after the cell's grade id:
 
 ``launch`` starts the script once with torchrun, with ``ddp_recorder.py`` (next to this
 file) as every process's entry point: it runs the script unchanged and records what each
-rank does (ddp_recorder.py says what, and how). Each ``check_<grade id>`` function judges
-one requirement from the records of all ranks, prints ``PASS: ...`` or raises
-``RequirementNotMet`` with the reason in one line. Nothing reads the script's source: any
-correct way of writing it passes. ``report`` adds up the points and says whether they reach
-the pass mark.
+rank does (ddp_recorder.py says what, and how); then, to measure the speed-up, once more
+as a single process. Each ``check_<grade id>`` function judges one requirement from the
+records of all ranks, prints ``PASS: ...`` or raises ``RequirementNotMet`` with the reason
+in one line. Nothing reads the script's source: any correct way of writing it passes.
+``passes`` is the pass mark, the one definition that the notebook, the feedback
+(``report``) and the instructor's grades.csv apply. ``run_script`` is the notebook's plain
+launch of the script, with a short summary instead of torchrun's own output.
 
 Your copy of this file is replaced by the instructor's when your work is graded.
 
@@ -30,9 +32,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 RUN_DIR = Path("grading_run")  # under the notebook's folder: the evidence and --out of a run
@@ -49,6 +52,16 @@ START_RTOL = 1e-6  # ranks that start from rank 0's parameters hold exactly thos
 REPLAY_RTOL = 0.02
 LR_RTOL = 1e-3
 
+# A job on N >= 2 GPUs must train at least this many times N as fast (samples per second)
+# as the same script on one GPU: part of requirement 1 there. On the CPU the speed-up is
+# measured and reported, not required (SPEEDUP_NOT_REQUIRED_ON_CPU says why).
+SPEEDUP_PER_GPU = 0.6
+SPEEDUP_NOT_REQUIRED_ON_CPU = (
+    "on the CPU the speed-up is reported, not required: the processes share the "
+    "machine's cores and memory, and for a model this small an all-reduce over gloo costs "
+    "about as much as a training step, so a correct job can be slower than one process")
+BASELINE_EPOCHS = 3  # the single-process run: the first epoch warms up, the others count
+
 # The requirements, in the notebook's order: grade id -> points.
 REQUIREMENTS = {
     "runs_and_reaches_target_accuracy": 1,
@@ -60,33 +73,39 @@ REQUIREMENTS = {
     "validation_metrics_are_global": 2,
     "learning_rate_follows_global_batch": 1,
 }
-# The pass mark: this many points, with these requirements among those met.
+# The pass mark: a data-parallel job that trains (requirement 1: the target, in time, and
+# on GPUs faster than one GPU), each rank on its own shard (2), with every step equal to
+# one process's step on the union of the ranks' batches (4); and this many points in all.
+PASS_REQUIRES = ("runs_and_reaches_target_accuracy", "shards_disjoint_and_cover",
+                 "gradients_averaged_over_ranks")
 PASS_POINTS = 9
-PASS_REQUIRES = ("runs_and_reaches_target_accuracy", "gradients_averaged_over_ranks")
 
 
 def passes(met):
-    """Whether a learner who met the requirements ``met`` (grade ids) passes."""
+    """Whether a learner who met the requirements ``met`` (grade ids) passes: the one
+    definition of the pass mark."""
     points = sum(REQUIREMENTS[grade_id] for grade_id in met)
     return points >= PASS_POINTS and all(grade_id in met for grade_id in PASS_REQUIRES)
 
 
 def pass_rule():
     """The pass mark, in words."""
-    return (f"at least {PASS_POINTS} of the {sum(REQUIREMENTS.values())} points, "
-            f"including {' and '.join(PASS_REQUIRES)}")
+    return (f"requirements {', '.join(PASS_REQUIRES[:-1])} and {PASS_REQUIRES[-1]}, "
+            f"and at least {PASS_POINTS} of the {sum(REQUIREMENTS.values())} points")
 
 
 @dataclass(frozen=True)
 class Config:
-    """One graded run: the script's flags, the accuracy to reach and the time allowed."""
+    """One graded run: the script's flags, the accuracy to reach, the time allowed, and
+    whether to measure the speed-up (a second, single-process run of the script)."""
 
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 0.05
+    epochs: int = 4
+    batch_size: int = 8
+    lr: float = 0.03
     seed: int = 0
     target_accuracy: float = 0.85
     time_limit_s: float = 300
+    measure_speedup: bool = True
 
 
 class RequirementNotMet(AssertionError):
@@ -139,6 +158,11 @@ def process_layout():
     return wanted or CPU_PROCESSES, False
 
 
+def where(nproc, on_gpu):
+    return (f"{nproc} GPU{'s' * (nproc > 1)} (NCCL)" if on_gpu
+            else f"{nproc} CPU process{'es' * (nproc > 1)}")
+
+
 @dataclass
 class Run:
     """What one launch did: exit status, time, output, and each rank's record."""
@@ -155,6 +179,10 @@ class Run:
     ranks: list | None = None
     out_dir: Path | None = None
     missing_script: bool = False
+    # The same script as a single process (a Run), for the speed-up. Annotated as object:
+    # a string annotation makes dataclass look this module up in sys.modules, where
+    # export_grades.py and the workshop's conversion check do not put it.
+    one_process: object = None
 
     @property
     def failure(self):
@@ -192,13 +220,58 @@ class Run:
         return self.failure is None
 
     def summary(self):
-        where = f"{self.nproc} GPUs (NCCL)" if self.on_gpu else f"{self.nproc} CPU processes"
-        head = (f"{self.script} on {where}, {self.config.epochs} epochs, batch size "
-                f"{self.config.batch_size} per process, --lr {self.config.lr}, seed "
-                f"{self.config.seed}: ")
+        head = (f"{self.script} on {where(self.nproc, self.on_gpu)}, {self.config.epochs} "
+                f"epochs, batch size {self.config.batch_size} per process, --lr "
+                f"{self.config.lr}, seed {self.config.seed}: ")
         if self.ok:
             return head + f"finished in {self.elapsed_s:.1f} s."
         return head + "could not be graded: " + self.failure
+
+    @property
+    def samples_per_s(self):
+        """Training samples per second over the job's passes over the training set after
+        the first (which warms up): all ranks' samples over the slowest rank's time in
+        those passes. None where no such pass was timed."""
+        if not self.ok:
+            return None
+        samples, seconds = 0, []
+        for record in self.ranks:
+            timed = [p for p in record["passes"] if p["split"] == "train"][1:]
+            timed = [p for p in timed if p.get("seconds")]
+            if not timed:
+                return None
+            samples += sum(len(batch) for p in timed for batch in p["batches"])
+            seconds.append(sum(p["seconds"] for p in timed))
+        return samples / max(seconds)
+
+    def speed(self):
+        """``(speed-up, why not measured)``: this job's samples per second over the
+        single-process run's, or None and the reason."""
+        if self.nproc < 2 or not self.config.measure_speedup:
+            return None, "not measured for this run."
+        if self.one_process is None or not self.one_process.ok:
+            failure = self.one_process.failure if self.one_process else "it did not run."
+            return None, (f"the same script as a single process (torchrun "
+                          f"--nproc-per-node=1) could not be measured: {failure}")
+        mine, alone = self.samples_per_s, self.one_process.samples_per_s
+        if not mine or not alone:
+            return None, ("no pass over train_set after the first one was timed: "
+                          "iterate over the whole training DataLoader in every epoch.")
+        return mine / alone, None
+
+    def speed_summary(self):
+        """One line: samples per second of this job and of one process, the speed-up and
+        whether it is required here."""
+        speedup, why_not = self.speed()
+        if speedup is None:
+            return f"Speed-up: {why_not}"
+        bar = SPEEDUP_PER_GPU * self.nproc
+        line = (f"Speed-up: {self.samples_per_s:,.0f} training samples/s on "
+                f"{where(self.nproc, self.on_gpu)}, {self.one_process.samples_per_s:,.0f} "
+                f"as a single process: {speedup:.2f}x")
+        if self.on_gpu:
+            return line + f" (required: {SPEEDUP_PER_GPU} x {self.nproc} = {bar:.2f}x)."
+        return line + f" ({SPEEDUP_NOT_REQUIRED_ON_CPU})."
 
 
 def _tail(text, lines=12):
@@ -223,27 +296,44 @@ def _kill(proc, evidence_dir):
         pass
 
 
-def launch(script, config=Config(), nproc=None):
-    """Run ``script`` once under torchrun with ``config``'s flags; return a ``Run``.
+def launch(script, config=Config(), nproc=None, on_gpu=None):
+    """Run ``script`` under torchrun with ``config``'s flags; return a ``Run``.
 
-    Never raises for the learner's failures (crash, hang, missing file): they become
-    ``Run.failure``, which every check reports.
+    ``nproc`` processes, on GPUs (NCCL) if ``on_gpu``, else on the CPU; what the caller
+    leaves out comes from ``process_layout()``. With ``config.measure_speedup`` and two or
+    more processes, a job that finished is run again as a single process on the same kind
+    of device (``Run.one_process``), for the speed-up. Never raises for the learner's
+    failures (crash, hang, missing file): they become ``Run.failure``, which every check
+    reports.
     """
-    layout_nproc, on_gpu = process_layout()
-    nproc = nproc or layout_nproc
+    if nproc is None or on_gpu is None:
+        layout_nproc, layout_on_gpu = process_layout()
+        nproc = layout_nproc if nproc is None else nproc
+        on_gpu = layout_on_gpu if on_gpu is None else on_gpu
+    # A fresh folder each time: nothing left from an earlier run can count for this one.
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+    run = _launch_once(script, config, int(nproc), bool(on_gpu), RUN_DIR)
+    print(run.summary())
+    if run.ok:
+        print("\n".join(run.ranks[0]["stdout"][-(config.epochs + 4):]))
+        if config.measure_speedup and run.nproc >= 2:
+            alone = replace(config, epochs=min(config.epochs, BASELINE_EPOCHS))
+            run.one_process = _launch_once(script, alone, 1, run.on_gpu,
+                                           RUN_DIR / "one_process")
+            print(run.speed_summary())
+    return run
+
+
+def _launch_once(script, config, nproc, on_gpu, run_dir):
     time_limit = float(os.environ.get(TIME_LIMIT_ENV, config.time_limit_s))
     run = Run(script=str(script), config=config, nproc=nproc, on_gpu=on_gpu,
               time_limit_s=time_limit)
     if not Path(script).is_file():
         run.missing_script = True
-        print(run.summary())
         return run
-
-    # A fresh folder each time: nothing left from an earlier run can count for this one.
-    shutil.rmtree(RUN_DIR, ignore_errors=True)
-    evidence_dir = (RUN_DIR / "evidence").resolve()
+    evidence_dir = (run_dir / "evidence").resolve()
     evidence_dir.mkdir(parents=True)
-    run.out_dir = (RUN_DIR / "out").resolve()
+    run.out_dir = (run_dir / "out").resolve()
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={nproc}", str(RECORDER), str(evidence_dir), str(run.out_dir),
@@ -275,10 +365,96 @@ def launch(script, config=Config(), nproc=None):
     for rank in range(nproc):
         path = evidence_dir / f"rank{rank}.json"
         run.ranks.append(json.loads(path.read_text()) if path.is_file() else None)
-    print(run.summary())
-    if run.ok:
-        print("\n".join(run.ranks[0]["stdout"][-(config.epochs + 4):]))
     return run
+
+
+# --------------------------------------------------------------------------------------
+# The notebook's plain launch: the job's own output, then one line on how it ended.
+# --------------------------------------------------------------------------------------
+
+RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")  # torchrun --tee's prefix, set below
+# The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+TRACEBACK_START = "Traceback (most recent call last)"
+
+
+class JobOutput:
+    """What a learner needs from torchrun's output (``--tee`` with RANK_LINE's prefix):
+    rank 0's lines as they are, every other rank's tagged ``[rank N]``, without torchrun's
+    own messages and the tracebacks' frames (each exception line is kept); and, at the
+    end, one line on how the job ended."""
+
+    def __init__(self, show=print):
+        self.show = show
+        self.exceptions = {}  # rank -> its last exception line
+        self.in_traceback = set()  # the ranks whose traceback's frames are coming
+        self.launcher = []  # torchrun's own lines
+
+    def feed(self, line):
+        line = line.rstrip("\n")
+        tagged = RANK_LINE.match(line)
+        if not tagged:
+            self.launcher.append(line)
+            return
+        rank, text = int(tagged[1]), tagged[2]
+        if text.startswith(TRACEBACK_START):
+            self.in_traceback.add(rank)
+            return
+        if rank in self.in_traceback:
+            if not EXCEPTION_LINE.match(text):
+                return  # a frame
+            self.in_traceback.discard(rank)
+            self.exceptions[rank] = text
+        self.show(text if rank == 0 else f"[rank {rank}] {text}")
+
+    def ending(self, job, returncode, seconds, time_limit_s=None):
+        """``SUCCESS: ...``, ``STOPPED: ...`` (time limit) or ``FAILED: ...`` (the rank
+        torchrun saw fail first, its exit code and exception)."""
+        if returncode == 0:
+            return f"SUCCESS: {job}, finished in {seconds:.0f} s."
+        if time_limit_s is not None:
+            return (f"STOPPED: {job} did not finish within {time_limit_s:.0f} s. Look for "
+                    f"an endless loop, or for a collective that not every rank reaches.")
+        cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+                          "\n".join(self.launcher), re.S)
+        rank = int(cause[1]) if cause else min(self.exceptions, default=None)
+        if rank is None:
+            return f"FAILED after {seconds:.0f} s: {job}: torchrun exited with status " \
+                   f"{returncode}."
+        how = f" (exit code {cause[2]})" if cause else ""
+        what = f": {self.exceptions[rank]}" if rank in self.exceptions else ""
+        return f"FAILED after {seconds:.0f} s: {job}: rank {rank} failed first{how}{what}"
+
+
+def run_script(script, *args, nproc=None, on_gpu=None, time_limit_s=300):
+    """Launch ``script`` with ``args`` under torchrun, as a learner would; show its output
+    through ``JobOutput`` and end with one line on how it ended. Returns the exit status."""
+    if nproc is None or on_gpu is None:
+        layout_nproc, layout_on_gpu = process_layout()
+        nproc = layout_nproc if nproc is None else nproc
+        on_gpu = layout_on_gpu if on_gpu is None else on_gpu
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "--tee", "3",
+               "--log-line-prefix-template", "[rank${rank}]: ", str(script), *map(str, args)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    if not on_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # one GPU cannot host two NCCL ranks: use the CPU
+    output = JobOutput(show=lambda text: print(text, flush=True))
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", env=env, start_new_session=True)
+    # At the limit, SIGTERM: torchrun then stops its workers itself.
+    timer = threading.Timer(time_limit_s, os.killpg, (proc.pid, signal.SIGTERM))
+    timer.start()
+    for line in proc.stdout:
+        output.feed(line)
+    returncode = proc.wait()
+    stopped = returncode != 0 and not timer.is_alive()
+    timer.cancel()
+    print(output.ending(f"{script} on {where(nproc, on_gpu)}", returncode,
+                        time.perf_counter() - start, time_limit_s if stopped else None))
+    return returncode
 
 
 # --------------------------------------------------------------------------------------
@@ -304,20 +480,42 @@ def _passed(message):
 
 
 def check_runs_and_reaches_target_accuracy(run):
-    """The job finishes in time on every rank, and rank 0's final model reaches the
-    target accuracy on the whole validation set."""
+    """The job finishes in time on every rank, rank 0's final model reaches the target
+    accuracy on the whole validation set, and on two or more GPUs the job trains at least
+    SPEEDUP_PER_GPU x N times as many samples per second as the same script on one GPU
+    (on the CPU the speed-up is reported, not required)."""
     _require_model(run)
     evaluation = run.ranks[0]["val_eval"]
     if "error" in evaluation:
         raise RequirementNotMet(f"rank 0: {evaluation['error']}")
     acc = sum(evaluation["correct"]) / len(evaluation["correct"])
     target = run.config.target_accuracy
+    reached = (f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
+               f"validation set correctly")
     if acc < target:
-        raise RequirementNotMet(
-            f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
-            f"validation set correctly; the target is {target:.0%}.")
-    _passed(f"after {run.config.epochs} epochs the model classifies {acc:.1%} of the "
-            f"validation set correctly (target {target:.0%}), in {run.elapsed_s:.0f} s.")
+        raise RequirementNotMet(f"{reached}; the target is {target:.0%}.")
+    reached += f" (target {target:.0%}), in {run.elapsed_s:.0f} s"
+    speedup, why_not = run.speed()
+    if run.on_gpu and run.nproc >= 2 and run.config.measure_speedup:
+        bar = SPEEDUP_PER_GPU * run.nproc
+        if speedup is None:
+            raise RequirementNotMet(f"{reached}, but its speed-up over one GPU: {why_not}")
+        if speedup < bar:
+            raise RequirementNotMet(
+                f"{reached}, but on {run.nproc} GPUs it trained "
+                f"{run.samples_per_s:,.0f} samples/s, {speedup:.2f} times the "
+                f"{run.one_process.samples_per_s:,.0f} samples/s of the same script on one "
+                f"GPU; required: {SPEEDUP_PER_GPU} x {run.nproc} = {bar:.2f} times. Look for "
+                f"work that every rank repeats in full, work on rank 0 alone inside the "
+                f"training loop that the others wait for, or ranks sharing one GPU "
+                f"(torch.cuda.set_device(local_rank) and device_ids=[local_rank]).")
+        _passed(f"{reached}; {speedup:.2f} times as fast as one GPU (required: "
+                f"{bar:.2f}).")
+        return
+    if speedup is not None:
+        reached += (f"; {speedup:.2f} times as fast as one process "
+                    f"({SPEEDUP_NOT_REQUIRED_ON_CPU})")
+    _passed(reached + ".")
 
 
 def _train_passes(run):
@@ -426,20 +624,43 @@ def _replay_verdict(run, replay):
     worst = max(range(len(ranks)), key=lambda r: ranks[r]["averaged"])
     return (f"after {steps} steps rank {worst}'s parameters differ from a single-process "
             f"replay of the same global batches by {ranks[worst]['averaged']:.2g} of the "
-            f"update (at most {REPLAY_RTOL} allowed). The replay trains on each step's "
-            f"batches of all ranks with F.cross_entropy (mean) and your optimizer: one "
-            f"optimizer step per batch, and no dropout.")
+            f"update (at most {REPLAY_RTOL} allowed). The replay trains each step on the "
+            f"batches all ranks took from their DataLoader since their previous step, with "
+            f"F.cross_entropy (the mean over those samples) and your optimizer; keep the "
+            f"model deterministic (no dropout).")
 
 
 def check_gradients_averaged_over_ranks(run):
-    """Every rank's parameters after the first optimizer steps equal a single-process
-    replay of those steps on the global batch (all ranks' batches of each step), and all
-    ranks hold identical parameters at the end."""
+    """The ranks train as one: they form one process group, each trains on samples of its
+    own, and every rank's parameters after the first optimizer steps equal a
+    single-process replay of those steps on the global batch (all ranks' batches of each
+    step: the batches each was handed since its previous step); all ranks hold identical
+    parameters at the end."""
     _require_model(run)
+    for rank, record in enumerate(run.ranks):
+        group = record.get("process_group_size")
+        if group is not None and group != run.nproc:
+            alone = group == 1
+            raise RequirementNotMet(
+                f"rank {rank} took its first optimizer step in a process group of "
+                f"{group} process{'es' * (group > 1)}, not of the job's {run.nproc}"
+                + (" (dist.init_process_group was never called): each process trained "
+                   "alone, and nothing was averaged. Join the processes with "
+                   "dist.init_process_group and wrap the model in DistributedDataParallel."
+                   if alone else "."))
     replay = run.ranks[0].get("replay") or {"problem": "rank 0 recorded no replay."}
     if "problem" in replay:
         raise RequirementNotMet(f"the first training steps could not be checked: "
                                 f"{replay['problem']}")
+    shared = replay.get("shared", 0)
+    if shared > run.nproc - 1:  # more than DistributedSampler's padding can repeat
+        raise RequirementNotMet(
+            f"in the first {replay['steps']} optimizer steps {shared} of the "
+            f"{max(replay['samples']):,} samples a rank trained on were also another "
+            f"rank's: the ranks trained on the same samples, so their steps prove nothing "
+            f"about averaging (copies of one training end identical too), and the job does "
+            f"the same work several times. Give each rank its own shard "
+            f"(DistributedSampler).")
     reason = _replay_verdict(run, replay)
     if reason:
         raise RequirementNotMet(reason)
@@ -600,8 +821,8 @@ CHECKS = {grade_id: globals()[f"check_{grade_id}"] for grade_id in REQUIREMENTS}
 
 
 def report(run):
-    """Print each requirement's verdict, the points and whether they reach the pass mark;
-    return ``(points, passed)``."""
+    """Print each requirement's verdict, the points, whether they reach the pass mark and,
+    if not, what is missing; return ``(points, passed)``."""
     met, lines = set(), []
     for grade_id, points in REQUIREMENTS.items():
         try:
@@ -615,6 +836,12 @@ def report(run):
     points = sum(REQUIREMENTS[grade_id] for grade_id in met)
     passed = passes(met)
     print("\n".join(lines))
+    if isinstance(run, Run) and run.ok:
+        print(run.speed_summary())
     print(f"Total: {points} of {sum(REQUIREMENTS.values())} points. Pass mark: "
           f"{pass_rule()}. Result: {'PASSED' if passed else 'NOT PASSED'}.")
+    missing = [grade_id for grade_id in PASS_REQUIRES if grade_id not in met]
+    if missing:
+        print(f"Not passed without {' and '.join(missing)}: the pass mark requires "
+              f"{'them' if len(missing) > 1 else 'it'} whatever the other points.")
     return points, passed

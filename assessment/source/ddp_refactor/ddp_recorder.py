@@ -8,14 +8,15 @@ Each patcher below records one thing and returns the function that undoes it:
 
 - ``digits_data.load_data`` (or the data module DDP_RECORDER_DATA_MODULE names): which
   datasets are the training and the validation set;
-- three private methods of torch's DataLoader iterators: the sample indices of every batch
-  that a DataLoader over those sets hands out (pinned by the assessment's fast tests at the
-  torch version in use);
+- four methods of torch's DataLoader iterators (three private): the sample indices of
+  every batch that a DataLoader over those sets hands out, and how long each pass over the
+  training set took (pinned by the assessment's fast tests at the torch version in use);
 - a global forward pre-hook: the modules called, the model among them;
 - ``torch.optim.Optimizer.__init__``: the optimizers created;
-- global optimizer step hooks: the learning rate of every step; at the first step the
-  model, its parameters and the optimizer's state, and after ``REPLAY_STEPS`` steps the
-  parameters again;
+- global optimizer step hooks: the learning rate of every step and the training batches
+  it consumed (those handed out since the previous step); at the first step the model,
+  its parameters, the optimizer's state and the process group, and after
+  ``REPLAY_STEPS`` steps the parameters again;
 - ``torch.save`` and ``open``: the files written, and what was saved in ``OUT_DIR``;
 - ``sys.stdout``: the lines printed.
 
@@ -103,13 +104,15 @@ def _dataset_indices(dataset):
 
 def patch_dataloader_iterators(recorder):
     """Record the sample indices of each batch of every pass over the training or the
-    validation set. A pass starts when an iterator is made (``__init__``) or restarted by
-    a persistent-worker loader (``_reset``); ``_next_index`` returns one batch's indices."""
+    validation set, and the time each pass took. A pass starts when an iterator is made
+    (``__init__``) or restarted by a persistent-worker loader (``_reset``);
+    ``_next_index`` draws one batch's indices (a multi-worker loader draws ahead);
+    ``__next__`` hands the next batch to the script, or ends the pass (StopIteration)."""
     from torch.utils.data import dataloader
 
     base = dataloader._BaseDataLoaderIter
-    originals = base.__init__, base._reset, base._next_index
-    original_init, original_reset, original_next_index = originals
+    originals = base.__init__, base._reset, base._next_index, base.__next__
+    original_init, original_reset, original_next_index, original_next = originals
 
     def start_pass(iterator, dataset):
         iterator._ddp_recorder_pass = None
@@ -117,8 +120,12 @@ def patch_dataloader_iterators(recorder):
         split = recorder.splits.get(id(dataset))
         if split and recorder.recording:
             batches = []
-            recorder.passes.append({"split": split, "batches": batches})
+            record = {"split": split, "batches": batches, "seconds": None}
+            recorder.passes.append(record)
             iterator._ddp_recorder_pass = (batches, resolve)
+            iterator._ddp_recorder_record = record
+            iterator._ddp_recorder_handed = 0
+            iterator._ddp_recorder_start = time.perf_counter()
 
     def __init__(iterator, loader, *args, **kwargs):
         # Before the original: a multi-worker iterator draws indices in __init__.
@@ -140,10 +147,29 @@ def patch_dataloader_iterators(recorder):
                                                  else [batch])])
         return index
 
-    base.__init__, base._reset, base._next_index = __init__, _reset, _next_index
+    def __next__(iterator):
+        current = getattr(iterator, "_ddp_recorder_pass", None)
+        try:
+            data = original_next(iterator)
+        except StopIteration:
+            if current:  # the pass is over: its time, from the iterator's start
+                iterator._ddp_recorder_record["seconds"] = (
+                    time.perf_counter() - iterator._ddp_recorder_start)
+            raise
+        if current:
+            # Batches come out in the order their indices were drawn (DataLoader's
+            # in_order=True, its default): this one is the pass's next.
+            batches, _ = current
+            if iterator._ddp_recorder_record["split"] == "train":
+                recorder.handed_out.append(batches[iterator._ddp_recorder_handed])
+            iterator._ddp_recorder_handed += 1
+        return data
+
+    base.__init__, base._reset, base._next_index, base.__next__ = (
+        __init__, _reset, _next_index, __next__)
 
     def undo():
-        base.__init__, base._reset, base._next_index = originals
+        base.__init__, base._reset, base._next_index, base.__next__ = originals
 
     return undo
 
@@ -174,7 +200,10 @@ def patch_optimizer_init(recorder):
 
 def hook_optimizer_steps(recorder):
     """The optimizer that steps first is the one that trains the model: its learning rate
-    at every step, its state at the first step and the parameters after REPLAY_STEPS."""
+    at every step, the training batches each of the first REPLAY_STEPS steps consumed (the
+    batches handed out since the previous step: one, or several when the script
+    accumulates gradients), its state at the first step and the parameters after
+    REPLAY_STEPS."""
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
         register_optimizer_step_pre_hook,
@@ -185,6 +214,9 @@ def hook_optimizer_steps(recorder):
             recorder.start_first_steps(optimizer)
         if optimizer is recorder.optimizer:
             recorder.lrs.append([float(group["lr"]) for group in optimizer.param_groups])
+            if len(recorder.step_batches) < REPLAY_STEPS:
+                recorder.step_batches.append(recorder.handed_out)
+            recorder.handed_out = []
 
     def after(optimizer, args, kwargs):
         if optimizer is recorder.optimizer:
@@ -297,7 +329,9 @@ class Recorder:
         self.recording = True
         self.splits = {}  # id(dataset) -> "train" / "val"
         self.train_set = self.val_set = None
-        self.passes = []  # {"split", "batches"} per DataLoader pass, in order
+        self.passes = []  # {"split", "batches", "seconds"} per DataLoader pass, in order
+        self.handed_out = []  # training batches handed to the script since the last step
+        self.step_batches = []  # the training batches of each of the first steps
         self.modules = {}  # every module called, by id: the model is among them
         self.optimizers = []
         self.optimizer = None  # the one that steps first
@@ -398,10 +432,8 @@ class Recorder:
         step's batch and learning rates. Atomically: rank 0 reads it as soon as it exists."""
         first = dict(self.first_steps or {"problem": "the script made no optimizer step."})
         if "theta_0" in first:
-            train_batches = [b for p in self.passes if p["split"] == "train"
-                             for b in p["batches"]]
             first.update(steps=self.steps, theta_k=_cpu_state(self.model),
-                         batches=train_batches[:self.steps], lrs=self.lrs[:self.steps])
+                         batches=self.step_batches[:self.steps], lrs=self.lrs[:self.steps])
         path = steps_file(self.evidence_dir, self.rank)
         partial = path.with_name(path.name + ".part")
         self._save(first, partial)
@@ -423,10 +455,13 @@ class Recorder:
     def replay_first_steps(self):
         """Replay the first REPLAY_STEPS steps in this process, on the CPU in float32, from
         rank 0's parameters and optimizer state, each step on the ranks' batches of that
-        step: averaged (the mean loss over the global batch), summed (the sum of the ranks'
-        mean losses) and, from each rank's own start, local (its own batches only). Returns
-        how far each rank's parameters after those steps are from each replay, relative to
-        the size of the replayed update."""
+        step (all the batches each rank was handed since its previous step): averaged (the
+        mean loss over the global batch), summed (the sum of the ranks' mean losses) and,
+        from each rank's own start, local (its own batches only). Returns how far each
+        rank's parameters after those steps are from each replay, relative to the size of
+        the replayed update, and how many of the samples of those steps more than one rank
+        trained on (then the replay cannot tell averaged gradients from ranks that each
+        train alone)."""
         import torch
 
         ranks = self.wait_for_first_steps()
@@ -439,10 +474,16 @@ class Recorder:
             if first["steps"] < REPLAY_STEPS:
                 return {"problem": f"rank {rank} made {first['steps']} optimizer steps; the "
                                    f"check replays the first {REPLAY_STEPS}."}
+            for step, batches in enumerate(first["batches"]):
+                if not batches:
+                    return {"problem": f"rank {rank}'s optimizer step {step + 1} came after "
+                                       f"no new batch of train_set: the grader replays each "
+                                       f"step on the batches the DataLoader handed out since "
+                                       f"the previous step."}
         x, y = self.train_set.tensors
 
         def batch(rank, step):
-            indices = ranks[rank]["batches"][step]
+            indices = [i for b in ranks[rank]["batches"][step] for i in b]
             return x[indices].float(), y[indices]
 
         def averaged(step):
@@ -459,12 +500,18 @@ class Recorder:
         except Exception as error:
             return {"problem": f"the grader could not replay your training steps "
                                f"({type(error).__name__}: {error})."}
-        return {"steps": REPLAY_STEPS, "ranks": [{
+        trained_on = [{i for b in first["batches"] for batch in b for i in batch}
+                      for first in ranks]
+        shared = {i for r, mine in enumerate(trained_on) for i in mine
+                  if any(i in theirs for theirs in trained_on[r + 1:])}
+        distances = [{
             "start": _distance(first["theta_0"], start, start, relative_to_zero=True),
             "averaged": _distance(first["theta_k"], averaged_k, start),
             "summed": _distance(first["theta_k"], summed_k, start),
             "local": _distance(first["theta_k"], local_k[r], first["theta_0"]),
-        } for r, first in enumerate(ranks)]}
+        } for r, first in enumerate(ranks)]
+        return {"steps": REPLAY_STEPS, "ranks": distances, "shared": len(shared),
+                "samples": [len(mine) for mine in trained_on]}
 
     def replay(self, theta_0, lrs, batches_of_step):
         """The model's state after REPLAY_STEPS steps of a fresh optimizer of the script's
