@@ -135,6 +135,37 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
     assert not nb03.accuracy_at_scale(base, calm, 20)["linear_breaks"].holds
 
 
+def test_a_run_that_ends_high_after_a_mid_run_collapse_is_not_called_rescued():
+    """The rescue verdict judges the curve after warmup, not its last epoch: the same final
+    accuracy is a rescue for a steady run and none for one that collapsed on the way."""
+    def hot_sweep(warmup_curve):
+        curves = {"small": [0.5, 0.9, 0.97, 0.98, 0.985, 0.99, 0.99, 0.99, 0.99, 0.99],
+                  "large_linear": [0.2, 0.5, 0.8, 0.9, 0.93, 0.95, 0.95, 0.95, 0.95, 0.95],
+                  "large_linear_warmup": warmup_curve,
+                  "large_sqrt": [0.2, 0.5, 0.8, 0.9, 0.95, 0.97, 0.98, 0.985, 0.985, 0.985],
+                  "large_lars": [0.3, 0.9, 0.3, 0.9, 0.3, 0.9, 0.3, 0.9, 0.3, 0.99]}
+        hot = {name: run(accs, global_batch=32 if name == "small" else 512)
+               for name, accs in curves.items()}
+        for r in hot.values():
+            r.start["args"]["seed"] = "0"
+        hot["large_linear_warmup"].start["warmup_steps"] = 20  # 2 epochs of 10 steps
+        base = named(small=0.99, large_same_lr=0.90, large_linear=0.985, large_sqrt=0.93)
+        for r in base.values():
+            r.start["args"]["seed"] = "0"
+        return nb03.accuracy_at_scale(base, hot, 20)
+    steady = hot_sweep([0.1, 0.3, 0.8, 0.9, 0.95, 0.97, 0.98, 0.985, 0.99, 0.99])
+    collapsed = hot_sweep([0.1, 0.3, 0.8, 0.96, 0.97, 0.7, 0.75, 0.9, 0.99, 0.99])
+    assert steady["hot_linear_warmup"].holds
+    assert not collapsed["hot_linear_warmup"].holds  # ends at 0.99 like the steady one
+    assert "27.0 pp (0.970 at epoch 5 to 0.700 at epoch 6)" in collapsed["hot_linear_warmup"].text
+    assert "collapsed on the way" in collapsed["hot_linear_warmup"].text
+    assert steady["hot_sqrt"].holds and "never fell" in steady["hot_sqrt"].text
+    assert not steady["hot_lars"].holds  # ends highest of all, after swinging all the way
+    # A warmup's own climb is not judged: a dip inside the warmup epochs is no collapse.
+    assert hot_sweep([0.6, 0.3, 0.8, 0.9, 0.95, 0.97, 0.98, 0.985, 0.99, 0.99])[
+        "hot_linear_warmup"].holds
+
+
 def test_the_batchnorm_caveat_is_judged_against_float_rounding():
     measured = {"world_size": 2, "batch_size": 16, "steps": 10,
                 "max_abs_difference": {"bn_free": 2e-8, "batchnorm": 9e-3}}
