@@ -171,9 +171,39 @@ def test_the_batchnorm_caveat_is_judged_against_float_rounding():
                 "max_abs_difference": {"bn_free": 2e-8, "batchnorm": 9e-3}}
     found = nb03.batchnorm(measured)
     assert found["bn_free"].holds and found["batchnorm"].holds and found["sync_batchnorm"].skipped
+    assert "not one process" in found["batchnorm"].text
     measured["max_abs_difference"]["sync_batchnorm"] = 3e-3
     assert not nb03.batchnorm(measured)["sync_batchnorm"].holds
+    assert "statistics again" not in nb03.batchnorm(measured)["sync_batchnorm"].text
     assert nb03.batchnorm(None)["batchnorm"].skipped
+
+
+def test_every_batchnorm_sentence_follows_its_number():
+    """Each of the three sentences says what its number shows, on either side of float
+    rounding: none is printed whatever the difference."""
+    flipped = nb03.batchnorm({"world_size": 2, "batch_size": 16, "steps": 10,
+                              "max_abs_difference": {"bn_free": 4e-3, "batchnorm": 2e-8,
+                                                     "sync_batchnorm": 1e-8}})
+    assert not flipped["bn_free"].holds and "the same" not in flipped["bn_free"].text
+    assert not flipped["batchnorm"].holds
+    assert "not one process" not in flipped["batchnorm"].text
+    assert "no measurable difference" in flipped["batchnorm"].text
+    assert flipped["sync_batchnorm"].holds and "statistics again" in \
+        flipped["sync_batchnorm"].text
+
+
+def test_notebook_03s_section_2_heading_claims_nothing_its_verdict_could_contradict():
+    """Whether the linear rule breaks at the hot rate is the computed finding
+    ``linear_breaks`` (flipped above), shown beside the plot: no fixed words say it."""
+    import nbformat
+
+    from conftest import REPO
+    nb = nbformat.read(REPO / "notebooks" / "03_keeping_accuracy_at_scale.ipynb", as_version=4)
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for claim in ("becomes too large", "Where linear scaling breaks", "what rescues it"):
+        assert claim not in markdown
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert '"linear_breaks"' in code
 
 
 def with_memory(val_acc, saved_mib, samples_per_s, global_batch=128):

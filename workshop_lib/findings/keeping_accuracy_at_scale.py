@@ -14,6 +14,7 @@ from workshop_lib.findings.sgd_and_batch_size import (
 )
 
 SETTLED_SHARE = 0.1  # a run's settled accuracy: the lowest of its last 10% of epochs (>= 1)
+BN_TOLERANCE = 1e-5  # two runs this close in their weights are the same up to float rounding
 COLLAPSE_PP = 5.0    # a fall this large from the running best after warmup is a collapse
                      # (digits: 18 of 359 validation images), not epoch-to-epoch noise
 
@@ -120,21 +121,33 @@ def batchnorm(equivalence):
         return Findings([skipped("batchnorm", "comparing ranks with one process needs two "
                                               "ranks or more; this execution ran one.")])
     diff = equivalence["max_abs_difference"]
-    tolerance = 1e-5
+    world, batch = equivalence["world_size"], equivalence["batch_size"]
+    tolerance = BN_TOLERANCE
+    same = diff["bn_free"] < tolerance
     found = Findings([Finding(
-        "bn_free", f"Without BatchNorm, {equivalence['world_size']} ranks x batch "
-                   f"{equivalence['batch_size']} and one process x batch "
-                   f"{equivalence['world_size'] * equivalence['batch_size']} end "
-                   f"{diff['bn_free']:.1e} apart after {equivalence['steps']} steps: the same "
-                   f"(float rounding, under {tolerance:.0e}).", holds=diff["bn_free"] < tolerance),
-        Finding("batchnorm", f"With BatchNorm they end {diff['batchnorm']:.1e} apart: each rank "
-                             f"normalises with its own {equivalence['batch_size']} samples' "
-                             f"statistics, so a DDP job is not one process with the global "
-                             f"batch.", holds=diff["batchnorm"] >= tolerance)])
+        "bn_free", f"Without BatchNorm, {world} ranks x batch {batch} and one process x batch "
+                   f"{world * batch} end {diff['bn_free']:.1e} apart after "
+                   f"{equivalence['steps']} steps: "
+                   + (f"the same (float rounding, under {tolerance:.0e})." if same else
+                      f"more than float rounding ({tolerance:.0e}): something besides "
+                      f"BatchNorm differs between the two here."), holds=same)])
+    differs = diff["batchnorm"] >= tolerance
+    found.append(Finding(
+        "batchnorm", f"With BatchNorm they end {diff['batchnorm']:.1e} apart: "
+                     + (f"more than float rounding ({tolerance:.0e}): each rank normalises with "
+                        f"its own {batch} samples' statistics, so a DDP job is not one process "
+                        f"with the global batch." if differs else
+                        f"within float rounding ({tolerance:.0e}): the per-rank statistics "
+                        f"made no measurable difference in this run."), holds=differs))
     if "sync_batchnorm" in diff:
-        found.append(Finding("sync_batchnorm", f"With SyncBatchNorm: {diff['sync_batchnorm']:.1e}"
-                                               f" apart: the global batch's statistics again.",
-                             holds=diff["sync_batchnorm"] < tolerance))
+        restored = diff["sync_batchnorm"] < tolerance
+        found.append(Finding(
+            "sync_batchnorm", f"With SyncBatchNorm: {diff['sync_batchnorm']:.1e} apart: "
+                              + ("the global batch's statistics again (under "
+                                 f"{tolerance:.0e})." if restored else
+                                 f"still more than float rounding ({tolerance:.0e}): "
+                                 f"SyncBatchNorm did not give one process's steps here."),
+            holds=restored))
     else:
         found.append(skipped("sync_batchnorm", "SyncBatchNorm needs CUDA tensors; on GPUs this "
                                                "cell shows it matching one process."))
