@@ -174,7 +174,7 @@ def why_the_time(small, runs, target):
             f"the fastest large-batch run needed {epochs[id(fastest)]} at "
             f"{rates[id(fastest)]:,.0f} samples/s ({ratio:.1f}x the small batch's, on "
             f"{fastest.start['device']}): a {k}x larger batch "
-            + ("did not make a step's samples go much faster here (under 2x), so the extra "
+            + ("did not raise samples/s much here (under 2x), so the extra "
                "epochs it needs cost their full time; on GPUs, where a larger batch fills "
                "the device, samples/s grows with it." if ratio < 2 else
                "processed samples faster here, which pays for the extra epochs it needs "
