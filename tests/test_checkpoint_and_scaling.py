@@ -82,3 +82,17 @@ def test_warmup_from_the_base_rate_as_goyal_et_al():
     assert ramp[0] == pytest.approx(0.125 + 0.875 / 4) and ramp[3:] == [1.0, 1.0]
     assert scaling.warmup_start("zero", 0.1, 0.8) == 0.0
     assert scaling.warmup_start("base", 0.1, 0.1) == 1.0, "nothing scaled: no ramp"
+
+
+@pytest.mark.parametrize("warmup,total,start", [(4, 10, 0.0), (5, 40, 1 / 16), (1, 6, 0.25)])
+def test_pytorchs_sequential_lr_gives_the_courses_rate_at_every_step(warmup, total, start):
+    """What the notebook shows learners (LinearLR then CosineAnnealingLR in SequentialLR)
+    is the schedule the course trains with (scaling.lr_factor), step for step."""
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=0.8)
+    scheduler = scaling.warmup_cosine_scheduler(optimizer, warmup, total, start)
+    for step in range(total):
+        expected = 0.8 * scaling.lr_factor(step, warmup, total, "cosine", start)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, abs=1e-12), step
+        optimizer.step()
+        scheduler.step()

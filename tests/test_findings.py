@@ -135,14 +135,75 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
     assert not nb03.accuracy_at_scale(base, calm, 20)["linear_breaks"].holds
 
 
+def test_a_run_that_ends_high_after_a_mid_run_collapse_is_not_called_rescued():
+    """The rescue verdict judges the curve after warmup, not its last epoch: the same final
+    accuracy is a rescue for a steady run and none for one that collapsed on the way."""
+    def hot_sweep(warmup_curve):
+        curves = {"small": [0.5, 0.9, 0.97, 0.98, 0.985, 0.99, 0.99, 0.99, 0.99, 0.99],
+                  "large_linear": [0.2, 0.5, 0.8, 0.9, 0.93, 0.95, 0.95, 0.95, 0.95, 0.95],
+                  "large_linear_warmup": warmup_curve,
+                  "large_sqrt": [0.2, 0.5, 0.8, 0.9, 0.95, 0.97, 0.98, 0.985, 0.985, 0.985],
+                  "large_lars": [0.3, 0.9, 0.3, 0.9, 0.3, 0.9, 0.3, 0.9, 0.3, 0.99]}
+        hot = {name: run(accs, global_batch=32 if name == "small" else 512)
+               for name, accs in curves.items()}
+        for r in hot.values():
+            r.start["args"]["seed"] = "0"
+        hot["large_linear_warmup"].start["warmup_steps"] = 20  # 2 epochs of 10 steps
+        base = named(small=0.99, large_same_lr=0.90, large_linear=0.985, large_sqrt=0.93)
+        for r in base.values():
+            r.start["args"]["seed"] = "0"
+        return nb03.accuracy_at_scale(base, hot, 20)
+    steady = hot_sweep([0.1, 0.3, 0.8, 0.9, 0.95, 0.97, 0.98, 0.985, 0.99, 0.99])
+    collapsed = hot_sweep([0.1, 0.3, 0.8, 0.96, 0.97, 0.7, 0.75, 0.9, 0.99, 0.99])
+    assert steady["hot_linear_warmup"].holds
+    assert not collapsed["hot_linear_warmup"].holds  # ends at 0.99 like the steady one
+    assert "27.0 pp (0.970 at epoch 5 to 0.700 at epoch 6)" in collapsed["hot_linear_warmup"].text
+    assert "collapsed on the way" in collapsed["hot_linear_warmup"].text
+    assert steady["hot_sqrt"].holds and "never fell" in steady["hot_sqrt"].text
+    assert not steady["hot_lars"].holds  # ends highest of all, after swinging all the way
+    # A warmup's own climb is not judged: a dip inside the warmup epochs is no collapse.
+    assert hot_sweep([0.6, 0.3, 0.8, 0.9, 0.95, 0.97, 0.98, 0.985, 0.99, 0.99])[
+        "hot_linear_warmup"].holds
+
+
 def test_the_batchnorm_caveat_is_judged_against_float_rounding():
     measured = {"world_size": 2, "batch_size": 16, "steps": 10,
                 "max_abs_difference": {"bn_free": 2e-8, "batchnorm": 9e-3}}
     found = nb03.batchnorm(measured)
     assert found["bn_free"].holds and found["batchnorm"].holds and found["sync_batchnorm"].skipped
+    assert "not one process" in found["batchnorm"].text
     measured["max_abs_difference"]["sync_batchnorm"] = 3e-3
     assert not nb03.batchnorm(measured)["sync_batchnorm"].holds
+    assert "statistics again" not in nb03.batchnorm(measured)["sync_batchnorm"].text
     assert nb03.batchnorm(None)["batchnorm"].skipped
+
+
+def test_every_batchnorm_sentence_follows_its_number():
+    """Each of the three sentences says what its number shows, on either side of float
+    rounding: none is printed whatever the difference."""
+    flipped = nb03.batchnorm({"world_size": 2, "batch_size": 16, "steps": 10,
+                              "max_abs_difference": {"bn_free": 4e-3, "batchnorm": 2e-8,
+                                                     "sync_batchnorm": 1e-8}})
+    assert not flipped["bn_free"].holds and "the same" not in flipped["bn_free"].text
+    assert not flipped["batchnorm"].holds
+    assert "not one process" not in flipped["batchnorm"].text
+    assert "no measurable difference" in flipped["batchnorm"].text
+    assert flipped["sync_batchnorm"].holds and "statistics again" in \
+        flipped["sync_batchnorm"].text
+
+
+def test_notebook_03s_section_2_heading_claims_nothing_its_verdict_could_contradict():
+    """Whether the linear rule breaks at the hot rate is the computed finding
+    ``linear_breaks`` (flipped above), shown beside the plot: no fixed words say it."""
+    import nbformat
+
+    from conftest import REPO
+    nb = nbformat.read(REPO / "notebooks" / "03_keeping_accuracy_at_scale.ipynb", as_version=4)
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for claim in ("becomes too large", "Where linear scaling breaks", "what rescues it"):
+        assert claim not in markdown
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert '"linear_breaks"' in code
 
 
 def with_memory(val_acc, saved_mib, samples_per_s, global_batch=128):

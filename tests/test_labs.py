@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from conftest import REPO, run_course_command
-from workshop_lib import labs
+from workshop_lib import labs, profile
 from workshop_lib.labs import beyond_one_machine as beyond
 from workshop_lib.labs import from_one_gpu_to_many, welcome
 from workshop_lib.labs import keeping_accuracy_at_scale as challenge
@@ -189,7 +189,7 @@ def test_notebook_04_cuts_the_job_down_because_ddp_crashes_under_detail_on_gloo(
 SOLUTION_MARKERS = {  # a line of each reference answer, as the learner writes it
     "welcome": "'global_batch':", "sgd": "def my_sgd(", "sampler": "'shard_size': 5,",
     "conversion": "DistributedSampler", "from_scratch": "class NaiveDataParallel",
-    "challenge": "--lr-scaling linear", "debugging": "dist.all_reduce(sums)",
+    "challenge": "--lr-scaling sqrt --warmup-epochs 2", "debugging": "dist.all_reduce(sums)",
     "fit_in_memory": "--accumulate 4", "sbatch_header": "#SBATCH --nodes=2",
     "overlap": "class OverlappedDataParallel", "buckets": "class BucketedDataParallel",
     "zero1": "class ShardedOptimizer",
@@ -214,3 +214,42 @@ def test_every_notebook_has_its_own_test_and_findings_module():
         number, slug = path.stem[:2], path.stem[3:]
         assert (REPO / "tests" / f"test_notebook_{number}.py").is_file(), path.name
         assert (REPO / "workshop_lib" / "findings" / f"{slug}.py").is_file(), path.name
+
+
+@pytest.mark.parametrize("flags,option", [
+    ("--lr-scaling linear --epochs 200", "--epochs"), ("--epoch=200", "--epochs"),
+    ("--lr 0.4", "--lr"), ("--batch 1024", "--batch-size"), ("--seed 3", "--seed"),
+    ("--dataset fashion-mnist", "--dataset"), ("--lr-ref-batch 512", "--lr-ref-batch")])
+def test_the_challenge_refuses_flags_that_set_its_budget_before_training(flags, option):
+    """sweep.run_sweep puts the learner's flags after the budget's and the script takes
+    the last: an override would win, so it is refused, abbreviated or not."""
+    verdict = challenge.check({"mine": flags})  # refused before any run trains
+    assert not verdict.ok and f"sets {option}" in verdict.reason
+    assert "\n" not in verdict.reason
+
+
+def test_the_challenges_own_answers_set_no_budget_flag():
+    _, _, common = challenge.settings(profile.get_profile("cpu", "digits"), 16)
+    for answer in [challenge.STUB, challenge.REFERENCE, *challenge.earlier_runs()]:
+        assert challenge.refusal(answer, common) is None, answer
+    assert "--lr 0.2" in " ".join(common), "the challenge sits at section 2's hot rate"
+    for answer, words in challenge.budget_overrides():
+        assert words in challenge.refusal(answer, common)
+
+
+def test_labs_check_fails_an_exercise_that_passes_an_earlier_run_or_takes_an_override():
+    from workshop_lib.labs.__main__ import prove
+
+    def check(answer):  # passes the solution, and (wrongly) the copied cell and the override
+        return labs.Verdict(answer != "stub", "stub is not it")
+
+    lenient = labs.Exercise("k", "nb", "t", "w", check, stub=lambda: "stub",
+                            solution=lambda: "solution", stub_reason="not it",
+                            earlier_runs=lambda: ["copied cell"],
+                            refused=lambda: [("override", "sets --epochs")])
+    problems = prove(lenient)[3]
+    assert any("'copied cell', a run the notebook made" in p for p in problems)
+    assert any("does not refuse 'override'" in p for p in problems)
+    plain = labs.Exercise("k", "nb", "t", "w", check, stub=lambda: "stub",
+                          solution=lambda: "solution", stub_reason="not it")
+    assert prove(plain)[3] == []  # the defaults: no earlier runs, nothing to refuse

@@ -52,5 +52,5 @@ def test_batchnorm_makes_ranks_differ_from_one_process_with_the_global_batch(exe
 
 def test_the_challenges_reference_solution_wins_and_the_leaderboard_is_shown(executed):
     _, _, _, text = executed
-    assert "PASS: your run 'linear_warmup' reached" in text
-    assert "baseline_large_same_lr" in text and "training s to" in text
+    assert "PASS: your run 'sqrt_warmup' reached" in text
+    assert "baseline_large_linear" in text and "training s to" in text and "holds it" in text

@@ -2,8 +2,9 @@
 
 LARS (You, Gitman & Ginsburg 2017, "Large Batch Training of Convolutional Networks")
 scales each layer's step by a trust ratio ``||w|| / ||g + wd*w||``, so that no layer's
-update is large relative to its weights. That is what lets the linear scaling rule's
-large learning rates work where plain SGD diverges (notebook 03).
+update is large relative to its weights. It is meant to let the linear scaling rule's
+large learning rates work where plain SGD diverges, with a warmup and a rate of its own;
+notebook 03 runs it at plain SGD's settings and says what that shows.
 """
 import torch
 

@@ -5,8 +5,12 @@ global batch grows k-fold:
 
 - ``none``: keep the rate. Fewer, equally long steps per epoch: large batches fall behind.
 - ``linear``: multiply by k (Goyal et al. 2017): k small steps ~ one k-times-longer step.
-- ``sqrt``: multiply by sqrt(k), which keeps the gradient-noise scale constant; safer
-  when linear scaling diverges.
+- ``sqrt``: multiply by sqrt(k). Why: a mini-batch gradient is the mean of the batch's
+  per-sample gradients, so its variance falls as 1/batch and its noise (standard
+  deviation) as 1/sqrt(batch); a step's noise is the rate times that, so a rate grown by
+  sqrt(k) keeps each step as noisy as the small batch's (Krizhevsky 2014, Hoffer et al.
+  2017). It takes smaller steps than the linear rule: safer when linear scaling diverges,
+  slower when it does not.
 
 Warmup raises the rate linearly over the first epochs, because the linear rule's large
 early steps are what diverge. Goyal et al.'s gradual warmup starts from the small-batch
@@ -51,3 +55,19 @@ def lr_factor(step, warmup_steps, total_steps, schedule="cosine", start=0.0):
         return 1.0 if schedule == "constant" else 0.0
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def warmup_cosine_scheduler(optimizer, warmup_steps, total_steps, start=0.0):
+    """``lr_factor``'s warmup and cosine decay as learners write them with PyTorch's own
+    schedulers (call ``.step()`` after every optimizer step, as for the course's
+    LambdaLR): a LinearLR ramp, then CosineAnnealingLR, chained by SequentialLR at the
+    end of warmup. LinearLR's first rate is ``start_factor`` and it reaches 1 after
+    ``total_iters`` steps, so the ramp starts one step up and ends at step
+    ``warmup_steps - 1``, as ``lr_factor``'s does; the test pins the two to the same
+    rates at every step."""
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+
+    ramp = LinearLR(optimizer, start_factor=start + (1 - start) / warmup_steps,
+                    end_factor=1.0, total_iters=warmup_steps - 1)
+    decay = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)
+    return SequentialLR(optimizer, [ramp, decay], milestones=[warmup_steps])

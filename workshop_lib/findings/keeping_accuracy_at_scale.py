@@ -1,4 +1,10 @@
-"""Notebook 03, Keeping accuracy at scale: its closing findings, computed from its runs."""
+"""Notebook 03, Keeping accuracy at scale: its closing findings, computed from its runs.
+
+The rescue and stability verdicts judge the whole curve, not its last point: a run that
+collapses mid-way and climbs back as the schedule decays ends high, and is no rescue.
+"""
+import math
+
 from workshop_lib.findings.base import Finding, Findings, skipped
 from workshop_lib.findings.sgd_and_batch_size import (
     GAP_PP,
@@ -7,22 +13,65 @@ from workshop_lib.findings.sgd_and_batch_size import (
     rule_restores,
 )
 
+SETTLED_SHARE = 0.1  # a run's settled accuracy: the lowest of its last 10% of epochs (>= 1)
+BN_TOLERANCE = 1e-5  # two runs this close in their weights are the same up to float rounding
+COLLAPSE_PP = 5.0    # a fall this large from the running best after warmup is a collapse
+                     # (digits: 18 of 359 validation images), not epoch-to-epoch noise
+
+
+def settled(run):
+    """The lowest validation accuracy of the run's last SETTLED_SHARE of epochs: where the
+    run has settled, not where its last epoch happened to land."""
+    accs = run.column("val_acc")
+    return min(accs[-max(1, round(SETTLED_SHARE * len(accs))):])
+
+
+def worst_fall(run):
+    """(pp, best, its epoch, low, its epoch): the largest fall of validation accuracy below
+    its running best, over the epochs after warmup (a warmup's own climb is not judged)."""
+    warmup_epochs = math.ceil(run.start.get("warmup_steps", 0) / run.start["steps_per_epoch"])
+    best = best_epoch = None
+    fall = (0.0, None, None, None, None)
+    for epoch in run.epochs[warmup_epochs:]:
+        if best is None or epoch["val_acc"] > best:
+            best, best_epoch = epoch["val_acc"], epoch["epoch"]
+        if 100 * (best - epoch["val_acc"]) > fall[0]:
+            fall = (100 * (best - epoch["val_acc"]), best, best_epoch, epoch["val_acc"],
+                    epoch["epoch"])
+    return fall
+
+
+def _fall_words(run):
+    pp, best, best_epoch, low, low_epoch = worst_fall(run)
+    if not pp:
+        return "never fell below its running best after warmup"
+    return (f"worst fall after warmup {pp:.1f} pp ({best:.3f} at epoch {best_epoch} to "
+            f"{low:.3f} at epoch {low_epoch})")
+
 
 def _rescue(name, what, broken, rescued, reference):
     """Whether ``rescued`` wins back at least RECOVERED of what ``broken`` lost against
-    ``reference``."""
-    lost = reference.final["val_acc"] - broken.final["val_acc"]
-    won = rescued.final["val_acc"] - broken.final["val_acc"]
-    holds = lost > 0 and won >= RECOVERED * lost
+    ``reference``, judged on the whole curve: settled accuracies (the last epochs' lowest),
+    and no collapse (a fall of COLLAPSE_PP or more from the running best after warmup)."""
+    lost = settled(reference) - settled(broken)
+    won = settled(rescued) - settled(broken)
+    collapsed = worst_fall(rescued)[0] >= COLLAPSE_PP
+    holds = lost > 0 and won >= RECOVERED * lost and not collapsed
     if lost <= 0:
         verdict = "nothing was lost to win back."
     elif won < 0:
         verdict = (f"{-100 * won:.1f} pp below the broken run itself: no rescue here "
                    f"(the bar: {RECOVERED:.0%} of the loss won back).")
     else:
-        verdict = f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})."
-    return Finding(name, f"{what}: {rescued.final['val_acc']:.3f} (lr "
-                         f"{rescued.start['lr']:.3g}); {verdict}", holds=holds)
+        verdict = f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})"
+        verdict += (f", but it collapsed on the way (a fall of {COLLAPSE_PP:g} pp or more): "
+                    f"not a rescue, whatever the end." if collapsed and won >= RECOVERED * lost
+                    else ".")
+    return Finding(name, f"{what} (lr {rescued.start['lr']:.3g}): settled at "
+                         f"{settled(rescued):.3f} (the lowest of its last "
+                         f"{max(1, round(SETTLED_SHARE * len(rescued.epochs)))} epochs; last "
+                         f"{rescued.final['val_acc']:.3f}), {_fall_words(rescued)}; "
+                         f"{verdict}", holds=holds)
 
 
 def accuracy_at_scale(base, hot, hot_factor):
@@ -47,12 +96,13 @@ def accuracy_at_scale(base, hot, hot_factor):
                          + ("as good as the base rate (within the gap bar)." if fine else
                             "already worse than the base rate: it is too hot even there."),
                          holds=fine))
-    drop_pp = 100 * (hot_small.final["val_acc"] - broken.final["val_acc"])
+    drop_pp = 100 * (settled(hot_small) - settled(broken))
     breaks = drop_pp >= GAP_PP
     found.append(Finding("linear_breaks", f"Scaled linearly from it (lr "
-                                          f"{broken.start['lr']:.3g}): "
-                                          f"{broken.final['val_acc']:.3f}, {drop_pp:.1f} pp "
-                                          f"below the small batch at that rate: "
+                                          f"{broken.start['lr']:.3g}): settled at "
+                                          f"{settled(broken):.3f}, {drop_pp:.1f} pp below the "
+                                          f"small batch at that rate (settled: the lowest of "
+                                          f"the last epochs), {_fall_words(broken)}: "
                          + ("the linear rule breaks here." if breaks else
                             f"within {GAP_PP} pp, so it does not break at this budget."),
                          holds=breaks))
@@ -71,21 +121,33 @@ def batchnorm(equivalence):
         return Findings([skipped("batchnorm", "comparing ranks with one process needs two "
                                               "ranks or more; this execution ran one.")])
     diff = equivalence["max_abs_difference"]
-    tolerance = 1e-5
+    world, batch = equivalence["world_size"], equivalence["batch_size"]
+    tolerance = BN_TOLERANCE
+    same = diff["bn_free"] < tolerance
     found = Findings([Finding(
-        "bn_free", f"Without BatchNorm, {equivalence['world_size']} ranks x batch "
-                   f"{equivalence['batch_size']} and one process x batch "
-                   f"{equivalence['world_size'] * equivalence['batch_size']} end "
-                   f"{diff['bn_free']:.1e} apart after {equivalence['steps']} steps: the same "
-                   f"(float rounding, under {tolerance:.0e}).", holds=diff["bn_free"] < tolerance),
-        Finding("batchnorm", f"With BatchNorm they end {diff['batchnorm']:.1e} apart: each rank "
-                             f"normalises with its own {equivalence['batch_size']} samples' "
-                             f"statistics, so a DDP job is not one process with the global "
-                             f"batch.", holds=diff["batchnorm"] >= tolerance)])
+        "bn_free", f"Without BatchNorm, {world} ranks x batch {batch} and one process x batch "
+                   f"{world * batch} end {diff['bn_free']:.1e} apart after "
+                   f"{equivalence['steps']} steps: "
+                   + (f"the same (float rounding, under {tolerance:.0e})." if same else
+                      f"more than float rounding ({tolerance:.0e}): something besides "
+                      f"BatchNorm differs between the two here."), holds=same)])
+    differs = diff["batchnorm"] >= tolerance
+    found.append(Finding(
+        "batchnorm", f"With BatchNorm they end {diff['batchnorm']:.1e} apart: "
+                     + (f"more than float rounding ({tolerance:.0e}): each rank normalises with "
+                        f"its own {batch} samples' statistics, so a DDP job is not one process "
+                        f"with the global batch." if differs else
+                        f"within float rounding ({tolerance:.0e}): the per-rank statistics "
+                        f"made no measurable difference in this run."), holds=differs))
     if "sync_batchnorm" in diff:
-        found.append(Finding("sync_batchnorm", f"With SyncBatchNorm: {diff['sync_batchnorm']:.1e}"
-                                               f" apart: the global batch's statistics again.",
-                             holds=diff["sync_batchnorm"] < tolerance))
+        restored = diff["sync_batchnorm"] < tolerance
+        found.append(Finding(
+            "sync_batchnorm", f"With SyncBatchNorm: {diff['sync_batchnorm']:.1e} apart: "
+                              + ("the global batch's statistics again (under "
+                                 f"{tolerance:.0e})." if restored else
+                                 f"still more than float rounding ({tolerance:.0e}): "
+                                 f"SyncBatchNorm did not give one process's steps here."),
+            holds=restored))
     else:
         found.append(skipped("sync_batchnorm", "SyncBatchNorm needs CUDA tensors; on GPUs this "
                                                "cell shows it matching one process."))

@@ -4,7 +4,10 @@ Each notebook's exercise cells hold a stub the learner replaces; the cell after 
 ``labs.check(key, answer)``, which runs or inspects the learner's work and prints PASS or
 NOT YET with the reason. A check judges behaviour (what the code did, what a launched job
 did), never the text of the answer. Every check fails on its stub with a stated reason and
-passes on the reference solution:
+passes on the reference solution, fails every answer equivalent to a run the notebook
+made before the exercise (``earlier_runs``: copying a cell above is no answer), and
+refuses answers that break the exercise's rules (``refused``, e.g. flags that override a
+budget):
 
     python -m workshop_lib.labs check     # proves it for every exercise (CI runs it)
     python -m workshop_lib.labs list
@@ -43,6 +46,10 @@ class Verdict:
         printer.text(("PASS: " if self.ok else "NOT YET: ") + self.reason)
 
 
+def _no_answers(**_):
+    return []
+
+
 @dataclass(frozen=True)
 class Exercise:
     key: str
@@ -55,6 +62,12 @@ class Exercise:
     stub_reason: str     # words the check's reason must contain for the stub
     context: Callable = dict  # context() -> what the three need, for `labs check`
     shown: Callable | None = None  # shown() -> the answer as show_solution prints it
+    # earlier_runs(**context) -> answers equivalent to what the notebook ran before the
+    # exercise: copying a cell above must not pass, so the check must fail each of them.
+    earlier_runs: Callable = _no_answers
+    # refused(**context) -> [(answer, words)]: answers the check must refuse outright (e.g.
+    # flags that override the budget), with the words its one-line reason must contain.
+    refused: Callable = _no_answers
 
 
 EXERCISES = {}

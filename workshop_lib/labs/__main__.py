@@ -1,6 +1,7 @@
 """``python -m workshop_lib.labs list|check [KEY ...]``: the exercises, and proof that each
-check judges: it must fail on the exercise's stub (with the stated reason) and pass on its
-reference solution. ``make check-labs`` runs ``check``; CI does too."""
+check judges: it must fail on the exercise's stub (with the stated reason), pass on its
+reference solution, fail every run the notebook made before the exercise, and refuse what
+breaks the exercise's rules. ``make check-labs`` runs ``check``; CI does too."""
 import sys
 import time
 
@@ -21,6 +22,15 @@ def prove(exercise):
         problems.append(f"on the stub it fails without saying {exercise.stub_reason!r}")
     if not on_solution.ok:
         problems.append(f"its check fails the reference solution: {on_solution.reason}")
+    for answer in exercise.earlier_runs(**context):
+        if exercise.check(answer, **context).ok:
+            problems.append(f"its check passes {answer!r}, a run the notebook made before the "
+                            f"exercise")
+    for answer, words in exercise.refused(**context):
+        verdict = exercise.check(answer, **context)
+        if verdict.ok or words not in verdict.reason:
+            problems.append(f"it does not refuse {answer!r} saying {words!r}: "
+                            f"{verdict.reason}")
     return on_stub, on_solution, time.perf_counter() - start, problems
 
 
