@@ -85,8 +85,9 @@ test-fast: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
 	$(BIN)/python -m pytest -m "not slow" -q
 
-# Every exercise's check fails its stub and passes its reference solution (make test runs
-# it too, in tests/test_labs.py).
+# Every exercise's check fails its stub and passes its reference solution, fails the runs
+# the notebook made before it, refuses overrides (make test proves the same through the
+# notebooks' executions and tests/test_labs.py).
 check-labs: setup
 	$(BIN)/python -m workshop_lib.labs check
 

@@ -22,6 +22,15 @@ def prove(exercise):
         problems.append(f"on the stub it fails without saying {exercise.stub_reason!r}")
     if not on_solution.ok:
         problems.append(f"its check fails the reference solution: {on_solution.reason}")
+    problems += prove_rules(exercise, context)
+    return on_stub, on_solution, time.perf_counter() - start, problems
+
+
+def prove_rules(exercise, context=None):
+    """What the exercise's check lets through that it must not: a run the notebook made
+    before the exercise, or an answer that breaks its rules. [] when nothing."""
+    context = exercise.context() if context is None else context
+    problems = []
     for answer in exercise.earlier_runs(**context):
         if exercise.check(answer, **context).ok:
             problems.append(f"its check passes {answer!r}, a run the notebook made before the "
@@ -31,7 +40,7 @@ def prove(exercise):
         if verdict.ok or words not in verdict.reason:
             problems.append(f"it does not refuse {answer!r} saying {words!r}: "
                             f"{verdict.reason}")
-    return on_stub, on_solution, time.perf_counter() - start, problems
+    return problems
 
 
 def todo(exercises):
