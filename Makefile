@@ -5,6 +5,7 @@
 #   make test-fast  the tests that start no processes (under a minute): everyday work
 #   make check-labs every exercise's check fails its stub and passes its solution
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
+#   make classroom  as root on a Linux server: the class server (deploy/classroom/README.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,6 +16,7 @@ PORT ?= 8888
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab instructor test test-fast check-labs gpu-check doctor lint html bench clean
+.PHONY: classroom
 
 setup: $(STAMP)
 
@@ -85,6 +87,21 @@ gpu-check: setup
 # Scaling, loop overhead, communication and data path, measured on this machine (BENCHMARKS.md).
 bench: setup
 	$(BIN)/python -m workshop_lib.bench --out runs/bench.json
+
+# The class server: JupyterHub with a learner account per learner, nbgrader's exchange and
+# the formgrader, everything in CLASS_DIR (deploy/classroom/README.md: the class day, sizing,
+# GPUs through SLURM). Run as root; CLASS_ARGS adds `classroom.py init` options, e.g.
+#   make classroom CLASS_LEARNERS=30 CLASS_ARGS="--ip 0.0.0.0 --instructors alice bob"
+CLASS_DIR ?= /srv/ddp-workshop
+CLASS_LEARNERS ?= 30
+CLASS_PREFIX ?= learner
+CLASS_ARGS ?=
+CLASSROOM := /usr/bin/python3 deploy/classroom/classroom.py --state $(CLASS_DIR)
+classroom: setup
+	$(CLASSROOM) env --course-env $(VENV)
+	$(CLASSROOM) init $(CLASS_ARGS)
+	$(CLASSROOM) accounts add $(CLASS_LEARNERS) --prefix $(CLASS_PREFIX)
+	$(CLASSROOM) serve
 
 doctor: setup
 	$(BIN)/python -m workshop_lib doctor
