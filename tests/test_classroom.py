@@ -141,10 +141,12 @@ class Hub:
         self.settings = json.loads((state / "class.json").read_text())
         self.url = f"http://127.0.0.1:{self.settings['port']}"
         self.log_path = log_path
+        # As from a shell's background job (`make classroom &`, nohup): SIGINT ignored.
         with open(log_path, "w") as log:
-            self.process = subprocess.Popen(["bash", "-c", f"exec {serve_command}"], cwd=REPO,
-                                            stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                ["bash", "-c", f"exec {serve_command}"], cwd=REPO, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         deadline = time.monotonic() + HUB_START_S
         while self.request("GET", "/hub/api/")[0] != 200:
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -451,6 +453,7 @@ def class_day(classroom, tmp_path_factory):
         start = time.monotonic()
         hub.stop()
         day["timings"]["hub stop"] = time.monotonic() - start
+        day["hub log"] = hub.log()
         print("\nclass day timings (s): "
               + ", ".join(f"{k} {v:.0f}" for k, v in day["timings"].items()))
         print(f"hub log (end):\n{hub.log()[-3000:]}")
@@ -607,6 +610,16 @@ def test_a_learner_cannot_reach_the_others_or_the_instructor(class_day):
     # ... while their own submission went in, and the release is theirs to read.
     assert as_user(learner, "ls", str(state / "exchange" / COURSE_ID / "outbound"
                                       / ASSIGNMENT)).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_hub_stops_the_formgrader_and_the_servers_at_the_first_signal(class_day):
+    """The hub stops its services and servers with SIGINT, then after 30 s SIGTERM. Started
+    with SIGINT ignored, as a background job is, they would ignore it too, and the
+    formgrader would hang on SIGTERM: `serve` gives them SIGINT back."""
+    log = class_day["hub log"]
+    assert "received signal 15" not in log  # jupyter_server's word for a SIGTERM
+    assert log.count("Interrupted...") == 4, "the formgrader and three learners' servers"
 
 
 @pytest.mark.slow
