@@ -675,6 +675,13 @@ def slurm_day(classroom, class_day):
     folder = Path(tempfile.mkdtemp(prefix="ddp-classroom-slurm-", dir="/tmp"))
     folder.chmod(0o755)
     day = {"timings": {}}
+    # The first learner's own edit of a notebook, and a notebook they deleted: their next
+    # server keeps the one and copies the other back.
+    notebooks = state / "homes" / first / "notebooks"
+    edited, deleted = sorted(notebooks.glob("*.ipynb"))[:2]
+    edited.write_text(edited.read_text().replace('"cells": [', '"cells": [ ', 1))
+    day["edited"], day["deleted"] = (edited, edited.read_bytes()), deleted
+    deleted.unlink()
     try:
         with slurm.Cluster(folder, nodes=1, cpus=4, gpus=2) as cluster:
             kit(state, "init", *classroom["init_args"], "--spawner", "slurm",
@@ -732,6 +739,14 @@ def test_slurm_learners_servers_are_their_jobs_with_their_own_gpu(slurm_day, cla
     assert {devices[first], devices[second]} == {"0", "1"}, devices
     # The one-machine cluster's servers listen on the loopback interface only.
     assert slurm_day["listening"] == {first: {"127.0.0.1"}, second: {"127.0.0.1"}}
+
+
+@pytest.mark.slow
+def test_a_new_server_keeps_the_learners_files_and_restores_deleted_ones(slurm_day):
+    edited, content = slurm_day["edited"]
+    assert edited.read_bytes() == content
+    deleted = slurm_day["deleted"]
+    assert deleted.read_bytes() == (REPO / "notebooks" / deleted.name).read_bytes()
 
 
 @pytest.mark.slow
