@@ -809,3 +809,25 @@ def test_the_class_pins_exact_versions():
     assert pins and all(re.fullmatch(r"[\w-]+==[\w.]+", pin) for pin in pins), pins
     assert {pin.split("==")[0] for pin in pins} == {"jupyterhub", "batchspawner",
                                                      "jupyterhub-idle-culler"}
+
+
+def test_console_scripts_move_to_the_class_python_and_other_files_stay(tmp_path):
+    """The course environment's scripts start its own Python, which learners cannot run:
+    the class environment's copies start the class's Python, whichever path (with or
+    without symbolic links) the course environment was built through."""
+    kit_module = load_kit()
+    course_bins = {"/work/main/.venv/bin", "/real/main/.venv/bin"}
+    for interpreter in ("/work/main/.venv/bin/python", "/real/main/.venv/bin/python3.11"):
+        script = tmp_path / "jupyter"
+        script.write_text(f"#!{interpreter}\nimport sys\n")
+        target = tmp_path / "copy"
+        target.unlink(missing_ok=True)
+        assert kit_module.rewrite_script(script, target, course_bins, "/srv/class/env/bin/python")
+        assert target.read_text() == "#!/srv/class/env/bin/python\nimport sys\n"
+        assert os.access(target, os.X_OK)
+    binary, shell = tmp_path / "ruff", tmp_path / "activate"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00")
+    shell.write_text("#!/bin/sh\necho /work/main/.venv/bin/python\n")
+    for other in (binary, shell):
+        assert not kit_module.rewrite_script(other, tmp_path / "no", course_bins, "/x/python")
+    assert not (tmp_path / "no").exists()

@@ -70,8 +70,8 @@ def run(*command, **kwargs):
     result = subprocess.run([str(part) for part in command], capture_output=True, text=True,
                             **kwargs)
     if result.returncode != 0:
-        raise KitError(f"{' '.join(map(str, command))} failed: "
-                       f"{(result.stderr or result.stdout).strip().splitlines()[-1:]}")
+        said = (result.stderr or result.stdout).strip().splitlines() or ["(no output)"]
+        raise KitError(f"{' '.join(map(str, command))} failed: {said[-1]}")
     return result.stdout
 
 
@@ -115,12 +115,15 @@ def link_tree(source, target):
         run("cp", "-a", source, target)
 
 
-def rewrite_script(source, target, old_python, new_python):
-    """A console script of the course environment, for the class environment's Python.
-    Written as a new file: ``source`` may share its inode with the course's."""
+def rewrite_script(source, target, old_bins, new_python):
+    """A console script of the course environment (its first line runs a Python of one of
+    ``old_bins``), for the class environment's Python; False for any other file. Written
+    as a new file: ``source`` may share its inode with the course's."""
     data = source.read_bytes()
     first, _, rest = data.partition(b"\n")
-    if first.startswith(b"#!") and old_python.encode() in first:
+    interpreter = first[2:].decode(errors="replace").strip()
+    if first.startswith(b"#!") and str(Path(interpreter).parent) in old_bins \
+            and Path(interpreter).name.startswith("python"):
         target.write_bytes(b"#!" + str(new_python).encode() + b"\n" + rest)
         target.chmod(0o755)
         return True
@@ -131,6 +134,7 @@ def build_env(state, course_env, python):
     """DIR/env: a virtual environment of ``python`` (Debian's, readable by every account)
     holding the course environment's packages as hard links, workshop_lib as a plain copy,
     and the classroom pins installed with pip."""
+    given_bin = str(Path(course_env).absolute() / "bin")
     course_env = Path(course_env).resolve()
     if not (course_env / "pyvenv.cfg").exists():
         raise KitError(f"{course_env} is not the course's environment: run `make setup` first")
@@ -168,7 +172,7 @@ def build_env(state, course_env, python):
         target = env / "bin" / script.name
         if target.exists() or target.is_symlink() or script.name.startswith("activate"):
             continue
-        if not rewrite_script(script, target, str(course_env / "bin" / "python"),
+        if not rewrite_script(script, target, {given_bin, str(course_env / "bin")},
                               env / "bin" / "python"):
             link_tree(script, target)
     # A linked package may not support this Python: pip chose it for the course
@@ -185,6 +189,8 @@ def build_env(state, course_env, python):
         raise KitError(f"no version of {', '.join(still)} supports {python}: pass --python "
                        f"with a newer Python {version}")
     run(python_bin, "-m", "pip", "check")
+    # Readable by every account (linked files share their modes with the course's: this
+    # only ever adds read permission).
     run("chmod", "-R", "a+rX", env)
     stamp.write_text(built_from)
     return unsupported
