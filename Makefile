@@ -7,6 +7,7 @@
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
 #                   (torch alone: PYTHONPATH=. python -m workshop_lib.gpu_check --smoke)
 #   make learner-kit KIT=DIR  what learners' machines and images get: no solution, no tests
+#   make classroom  as root on a Linux server: the class server (deploy/classroom/README.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -16,13 +17,13 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab instructor test test-fast check-labs gpu-check learner-kit doctor lint html \
-	bench clean
+.PHONY: setup lab instructor test test-fast check-labs gpu-check learner-kit classroom doctor \
+	lint html bench clean
 
 # The learner kit (make learner-kit, below) is this repository without tests/ and the
 # instructor's part of assessment/: the targets that need those say so there, before
 # anything runs.
-REPOSITORY_ONLY := test test-fast lint instructor gpu-check learner-kit
+REPOSITORY_ONLY := test test-fast lint instructor gpu-check learner-kit classroom
 ifeq ($(wildcard tests),)
 ifneq ($(filter $(REPOSITORY_ONLY),$(MAKECMDGOALS)),)
 $(error make $(filter $(REPOSITORY_ONLY),$(MAKECMDGOALS)): not in the learner kit, which has no tests/ and no instructor's assessment/; run it in the course repository)
@@ -110,6 +111,21 @@ gpu-check: setup
 # Scaling, loop overhead, communication and data path, measured on this machine (BENCHMARKS.md).
 bench: setup
 	$(BIN)/python -m workshop_lib.bench --out runs/bench.json
+
+# The class server: JupyterHub with a learner account per learner, nbgrader's exchange and
+# the formgrader, everything in CLASS_DIR (deploy/classroom/README.md: the class day, sizing,
+# GPUs through SLURM). Run as root; CLASS_ARGS adds `classroom.py init` options, e.g.
+#   make classroom CLASS_LEARNERS=30 CLASS_ARGS="--ip 0.0.0.0 --instructors alice bob"
+CLASS_DIR ?= /srv/ddp-workshop
+CLASS_LEARNERS ?= 30
+CLASS_PREFIX ?= learner
+CLASS_ARGS ?=
+CLASSROOM := /usr/bin/python3 deploy/classroom/classroom.py --state $(CLASS_DIR)
+classroom: setup
+	$(CLASSROOM) env --course-env $(VENV)
+	$(CLASSROOM) init $(CLASS_ARGS)
+	$(CLASSROOM) accounts add $(CLASS_LEARNERS) --prefix $(CLASS_PREFIX)
+	$(CLASSROOM) serve
 
 doctor: setup
 	$(BIN)/python -m workshop_lib doctor

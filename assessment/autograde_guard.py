@@ -126,9 +126,15 @@ class KeepAssignmentCellsOnly(NbGraderPreprocessor):
         return cell
 
 
+# nbgrader's own records of a submission, written by its exchange (submit, collect), that
+# release_feedback reads back from the graded folder to address each learner's feedback.
+NBGRADER_RECORDS = {"timestamp.txt", "submission_secret.txt"}
+
+
 class KeepAssignmentFilesOnly(NbGraderPreprocessor):
     """Delete, from the folder being graded, what the submission brought besides its
-    notebooks: files and folders that source/ does not have."""
+    notebooks: files and folders that source/ does not have (nbgrader's own records of
+    the submission stay)."""
 
     def preprocess(self, nb, resources):
         student = resources["nbgrader"]["student"]
@@ -141,7 +147,7 @@ class KeepAssignmentFilesOnly(NbGraderPreprocessor):
         provided = {Path(path).relative_to(source).parts[0] for path in
                     find_all_files(source, coursedir.ignore + ["*.ipynb"])}
         for path in sorted(graded.iterdir()):
-            if path.suffix == ".ipynb" or path.name in provided:
+            if path.suffix == ".ipynb" or path.name in provided | NBGRADER_RECORDS:
                 continue
             self.log.warning("Removed %s: only the notebook of a submission is graded.",
                              path.name)

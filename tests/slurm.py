@@ -3,11 +3,16 @@ node, started in a scratch folder and stopped after, as a learner's cluster runs
 (Debian's slurm-wlm).
 
 Everything lives in the folder: ``slurm.conf`` (found by the daemons and the commands
-through ``SLURM_CONF``), state, spool, logs and pid files; the ports are free ones. munge's
-key and socket go to a temporary folder of their own (munged wants every folder above its
-socket open to all, which pytest's temporary folders are not), removed at the end. Nothing
-under /etc is read or changed, so a SLURM already installed on the machine is left alone.
+through ``SLURM_CONF``), ``gres.conf`` when the nodes have GPUs, state, spool, logs and pid
+files; the ports are free ones. munge's key and socket go to a temporary folder of their own
+(munged wants every folder above its socket open to all, which pytest's temporary folders
+are not), removed at the end. Nothing under /etc is read or changed, so a SLURM already
+installed on the machine is left alone.
 The daemons run as root (slurmd starts jobs as their user).
+
+GPUs are faked as SLURM's own test suite does: each node declares ``Gres=gpu:N`` and
+``gres.conf`` names N devices that exist everywhere (/dev/tty0..), with autodetection off;
+SLURM then hands them out and sets each job's ``CUDA_VISIBLE_DEVICES``, as with real GPUs.
 
     with slurm.Cluster(tmp_path, nodes=2) as cluster:
         job = cluster.submit("deploy/train_ddp.sbatch", "--epochs", "5")
@@ -56,12 +61,16 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MailProg=/bin/true
 ReturnToService=2
+# A node has the CPUs and GPUs this file gives it, whatever this machine has.
+SlurmdParameters=config_overrides
+{gres_types}
 {nodes}
 PartitionName=workshop Nodes=ALL Default=YES MaxTime=60 State=UP
 """
 # Each node a slurmd of its own on this machine, with its own port: SLURM sees a cluster
 # of `nodes` nodes, all at 127.0.0.1.
-NODE = "NodeName=node{i} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus}"
+NODE = ("NodeName=node{i} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus}"
+        "{gres}")
 
 
 def missing():
@@ -76,14 +85,15 @@ def missing():
 
 
 class Cluster:
-    """``nodes`` nodes (node0, node1, ...: slurmds on this machine) of ``cpus`` CPUs each,
-    in one partition; a context manager."""
+    """``nodes`` nodes (node0, node1, ...: slurmds on this machine) of ``cpus`` CPUs and
+    ``gpus`` fake GPUs each, in one partition; a context manager."""
 
-    def __init__(self, folder, nodes=1, cpus=None):
+    def __init__(self, folder, nodes=1, cpus=None, gpus=0):
         self.folder = Path(folder)
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [f"node{i}" for i in range(nodes)]
         self.cpus = cpus or len(os.sched_getaffinity(0))
+        self.gpus = gpus
         self.env = {**os.environ, "SLURM_CONF": str(self.folder / "slurm.conf")}
         self.daemons = {}
         self.munge = None
@@ -107,11 +117,15 @@ class Cluster:
         munge.chmod(0o755)
         subprocess.run(["mungekey", "--create", f"--keyfile={munge / 'munge.key'}"],
                        check=True, capture_output=True)
-        nodes = "\n".join(NODE.format(i=i, host=self.host, port=free_port(), cpus=self.cpus)
-                          for i in range(len(self.nodes)))
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        nodes = "\n".join(NODE.format(i=i, host=self.host, port=free_port(), cpus=self.cpus,
+                                      gres=gres) for i in range(len(self.nodes)))
         (self.folder / "slurm.conf").write_text(SLURM_CONF.format(
             host=self.host, folder=self.folder, munge=munge, ctld_port=free_port(),
-            nodes=nodes))
+            gres_types="GresTypes=gpu" if self.gpus else "", nodes=nodes))
+        if self.gpus:
+            (self.folder / "gres.conf").write_text(
+                f"AutoDetect=off\nName=gpu File=/dev/tty[0-{self.gpus - 1}]\n")
         self._daemon("munged", "munged", "--foreground", f"--key-file={munge / 'munge.key'}",
                      f"--socket={munge / 'munge.sock'}", f"--pid-file={munge / 'munged.pid'}",
                      f"--log-file={munge / 'munged.log'}",

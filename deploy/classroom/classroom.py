@@ -1,0 +1,551 @@
+"""The class server: one JupyterHub for a whole class, every learner a Unix account with
+their own JupyterLab, nbgrader's exchange between them and the instructor's formgrader.
+
+    python3 deploy/classroom/classroom.py --state DIR COMMAND [options]
+
+Commands, in the order a class day uses them (``make classroom`` runs the first four):
+
+    env       the class environment DIR/env: Debian's Python with the course's packages
+              (the project's .venv, linked, not downloaded again) and JupyterHub's (the
+              `classroom` pins of pyproject.toml); configurable-http-proxy in DIR/proxy
+    init      the class: settings (DIR/class.json), passwords (DIR/secrets), the grader
+              account and its copy of assessment/, nbgrader's exchange, the learners' material
+    accounts  learner accounts: `accounts add N` creates PREFIX01..PREFIXNN, `accounts
+              remove` removes every account the kit created (DIR/accounts.txt)
+    serve     JupyterHub in the foreground, its state in DIR/hub (Ctrl-C stops it and every
+              learner's server)
+    down      remove the kit's accounts (learners and grader); --purge also removes DIR
+
+Runs as root (it creates accounts and the hub starts servers as their users), with any
+Python 3.11+ (standard library only). Everything it writes is under DIR, except the
+accounts (useradd/userdel), which `down` removes. README.md beside this file says more.
+"""
+import argparse
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+KIT = Path(__file__).resolve().parent
+REPO = KIT.parents[1]
+COURSE_ID = "ddp-workshop"  # assessment/nbgrader_config.py's CourseDirectory.course_id
+ASSIGNMENT_DIR = "ddp_refactor"  # learners fetch it from the exchange: not in their home
+DEFAULT_PYTHON = "/usr/bin/python3.11"
+# Entries of the course environment that the class environment makes its own: the
+# development-mode install of workshop_lib points into the repository, which learners'
+# accounts may not be able to read.
+NOT_LINKED = re.compile(r"^(__editable__.*|workshop_lib-.*\.dist-info|__pycache__)$")
+# Files in the grader's copy of assessment/ that belong to the instructor's own runs.
+NOT_COPIED = ("gradebook.db", "submitted", "autograded", "feedback", "grades.csv",
+              "autograde.log", "runs", "grading_run", "train_digits*.py", "__pycache__",
+              ".ipynb_checkpoints", "release")
+# Run by the class environment's Python: the installed distributions whose Requires-Python
+# excludes it.
+UNSUPPORTED_DISTRIBUTIONS = """
+import importlib.metadata, sys
+from packaging.specifiers import SpecifierSet
+version = "%d.%d.%d" % sys.version_info[:3]
+for dist in importlib.metadata.distributions():
+    needs = dist.metadata.get("Requires-Python")
+    if needs and not SpecifierSet(needs).contains(version, prereleases=True):
+        print(dist.metadata["Name"])
+"""
+PASSWORD_LENGTH = {"class_password": 12, "instructor_password": 20}
+
+
+class KitError(Exception):
+    """A one-line reason why the command cannot go on, and what to do."""
+
+
+def run(*command, **kwargs):
+    result = subprocess.run([str(part) for part in command], capture_output=True, text=True,
+                            **kwargs)
+    if result.returncode != 0:
+        said = (result.stderr or result.stdout).strip().splitlines() or ["(no output)"]
+        raise KitError(f"{' '.join(map(str, command))} failed: {said[-1]}")
+    return result.stdout
+
+
+def settings_path(state):
+    return state / "class.json"
+
+
+def load_settings(state):
+    path = settings_path(state)
+    if not path.exists():
+        raise KitError(f"{state} has no class settings yet: run `classroom.py --state {state} "
+                       f"init` first")
+    return json.loads(path.read_text())
+
+
+def env_python(state):
+    return state / "env" / "bin" / "python"
+
+
+# ---------------------------------------------------------------------------------- env
+
+def classroom_pins():
+    """The exact versions of JupyterHub and its parts: pyproject.toml's `classroom` group."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return project["project"]["optional-dependencies"]["classroom"]
+
+
+def python_version(python):
+    return run(python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])").strip()
+
+
+def link_tree(source, target):
+    """``target`` as a copy of ``source`` made of hard links (no space, instant); a copy
+    where they are on different file systems."""
+    if target.exists():
+        shutil.rmtree(target)
+    try:
+        run("cp", "-a", "--link", source, target)
+    except KitError:
+        shutil.rmtree(target, ignore_errors=True)
+        run("cp", "-a", source, target)
+
+
+def rewrite_script(source, target, old_bins, new_python):
+    """A console script of the course environment (its first line runs a Python of one of
+    ``old_bins``), for the class environment's Python; False for any other file. Written
+    as a new file: ``source`` may share its inode with the course's."""
+    data = source.read_bytes()
+    first, _, rest = data.partition(b"\n")
+    interpreter = first[2:].decode(errors="replace").strip()
+    if first.startswith(b"#!") and str(Path(interpreter).parent) in old_bins \
+            and Path(interpreter).name.startswith("python"):
+        target.write_bytes(b"#!" + str(new_python).encode() + b"\n" + rest)
+        target.chmod(0o755)
+        return True
+    return False
+
+
+def build_env(state, course_env, python):
+    """DIR/env: a virtual environment of ``python`` (Debian's, readable by every account)
+    holding the course environment's packages as hard links, workshop_lib as a plain copy,
+    and the classroom pins installed with pip."""
+    given_bin = str(Path(course_env).absolute() / "bin")
+    course_env = Path(course_env).resolve()
+    if not (course_env / "pyvenv.cfg").exists():
+        raise KitError(f"{course_env} is not the course's environment: run `make setup` first")
+    if not Path(python).exists():
+        raise KitError(f"{python} not found: apt-get install python3.11 (the class "
+                       f"environment needs a Python that every account can run)")
+    course_python = course_env / "bin" / "python"
+    version = python_version(course_python)
+    if python_version(python) != version:
+        raise KitError(f"{python} is Python {python_version(python)}, the course environment "
+                       f"{version}: pass --python with a Python {version} outside /root")
+    env = state / "env"
+    site = f"lib/python{version}/site-packages"
+    # Built again only when the course environment, the pins or the Python change.
+    built_from = json.dumps({"course_env": str(course_env), "python": str(python),
+                             "packages": sorted(p.name for p in (course_env / site).iterdir()),
+                             "pins": classroom_pins()})
+    stamp = env / ".built-from"
+    if stamp.exists() and stamp.read_text() == built_from:
+        return None
+    if env.exists():
+        shutil.rmtree(env)
+    run(python, "-m", "venv", "--without-pip", env)
+    for entry in sorted((course_env / site).iterdir()):
+        if not NOT_LINKED.match(entry.name):
+            link_tree(entry, env / site / entry.name)
+    shutil.copytree(REPO / "workshop_lib", env / site / "workshop_lib",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    link_tree(course_env / "share", env / "share")
+    # etc/ is small and the class changes it: a copy. The course's nbgrader_config.py
+    # finds a course folder through the repository; the class names its own.
+    shutil.copytree(course_env / "etc", env / "etc")
+    (env / "etc" / "jupyter" / "nbgrader_config.py").unlink(missing_ok=True)
+    for script in sorted((course_env / "bin").iterdir()):
+        target = env / "bin" / script.name
+        if target.exists() or target.is_symlink() or script.name.startswith("activate"):
+            continue
+        if not rewrite_script(script, target, {given_bin, str(course_env / "bin")},
+                              env / "bin" / "python"):
+            link_tree(script, target)
+    # A linked package may not support this Python: pip chose it for the course
+    # environment's (Debian 12's 3.11.2 and soupsieve 4.1.3, which needs 3.11.5 and fails on
+    # every CSS selector, so nbgrader's feedback). pip picks those again, for this Python.
+    python_bin = env / "bin" / "python"
+    unsupported = run(python_bin, "-c", UNSUPPORTED_DISTRIBUTIONS).split()
+    if unsupported:
+        run(python_bin, "-m", "pip", "uninstall", "--quiet", "--yes", *unsupported)
+    run(python_bin, "-m", "pip", "install", "--quiet", "--no-warn-script-location",
+        *classroom_pins(), *unsupported)
+    still = run(python_bin, "-c", UNSUPPORTED_DISTRIBUTIONS).split()
+    if still:
+        raise KitError(f"no version of {', '.join(still)} supports {python}: pass --python "
+                       f"with a newer Python {version}")
+    run(python_bin, "-m", "pip", "check")
+    # Readable by every account (linked files share their modes with the course's: this
+    # only ever adds read permission).
+    run("chmod", "-R", "a+rX", env)
+    stamp.write_text(built_from)
+    return unsupported
+
+
+def install_proxy(state):
+    """configurable-http-proxy, at the version package-lock.json pins, in DIR/proxy."""
+    if not shutil.which("npm") or not shutil.which("node"):
+        raise KitError("npm not found: install Node.js 20 or newer with npm (JupyterHub's "
+                       "proxy, configurable-http-proxy, is a Node program)")
+    node = run("node", "--version").strip()
+    if int(node.lstrip("v").split(".")[0]) < 20:
+        raise KitError(f"Node.js {node}: configurable-http-proxy 5.3.0 needs 20 or newer")
+    proxy = state / "proxy"
+    proxy.mkdir(parents=True, exist_ok=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy2(KIT / name, proxy / name)
+    wanted = json.loads((KIT / "package.json").read_text())["dependencies"]
+    installed = proxy / "node_modules" / "configurable-http-proxy" / "package.json"
+    if not (installed.exists() and json.loads(installed.read_text())["version"]
+            == wanted["configurable-http-proxy"]):
+        run("npm", "ci", "--omit=dev", "--no-audit", "--no-fund", "--prefix", proxy)
+
+
+def command_env(args):
+    state = args.state
+    ensure_reachable(state)
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o755)
+    reinstalled = build_env(state, args.course_env, args.python)
+    install_proxy(state)
+    if reinstalled is None:
+        print(f"{state / 'env'}: the class environment is up to date")
+    else:
+        print(f"{state / 'env'}: the class environment ({' '.join(classroom_pins())}"
+              + (f"; reinstalled for {args.python}: {', '.join(reinstalled)}"
+                 if reinstalled else "") + ")")
+    print(f"{state / 'proxy'}: configurable-http-proxy")
+
+
+# --------------------------------------------------------------------------------- init
+
+def user_exists(name):
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def recorded_accounts(state):
+    path = state / "accounts.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def record_account(state, name):
+    accounts = recorded_accounts(state)
+    if name not in accounts:
+        (state / "accounts.txt").write_text("\n".join([*accounts, name]) + "\n")
+
+
+def add_account(state, name, home, comment):
+    """A locked Unix account (no password: people log in through the hub) whose home only
+    it can open."""
+    if user_exists(name):
+        if name not in recorded_accounts(state):
+            raise KitError(f"an account named {name} already exists and is not this class's: "
+                           f"choose another name (--prefix, --grader)")
+        return
+    run("useradd", "--create-home", "--home-dir", home, "--shell", "/bin/bash",
+        "--user-group", "--comment", comment, "--key", "HOME_MODE=0700", name)
+    record_account(state, name)
+    # useradd follows login.defs (Debian's: umask 022, a world-readable home) unless told.
+    home.chmod(0o700)
+
+
+def copy_learner_material(state):
+    """DIR/course: what each learner's home receives on first start (the notebooks and the
+    cluster files), and the script that copies it, readable by every account."""
+    sys.path.insert(0, str(REPO / "jupyter" / "learner"))
+    sys.dont_write_bytecode = True  # root writes nothing into the repository
+    try:
+        import make_workspace
+    finally:
+        sys.path.pop(0)
+    course = state / "course"
+    if course.exists():
+        shutil.rmtree(course)
+    for relative, original in make_workspace.learner_files().items():
+        if relative.parts[0] == ASSIGNMENT_DIR or relative.parts[:2] == ("deploy", "classroom"):
+            continue
+        target = course / "files" / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(original, target)
+    # The hub's command for every learner's server (a Python script: batchspawner runs it
+    # inside its own wrapper).
+    start = course / "jupyterhub-learner"
+    start.write_text(f"#!{env_python(state)}\n" + (KIT / "learner" / "first_start.py").read_text())
+    run("chmod", "-R", "a+rX,go-w", course)
+    start.chmod(0o755)
+
+
+def install_config(state, settings):
+    """DIR/config: the learners' and the grader's Jupyter settings (README.md lists them)."""
+    config = state / "config"
+    if config.exists():
+        shutil.rmtree(config)
+    shutil.copytree(KIT / "learner", config / "learner",
+                    ignore=shutil.ignore_patterns("first_start.py", "__pycache__"))
+    shutil.copytree(KIT / "grader", config / "grader",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (config / "class.json").write_text(json.dumps(
+        {"course_id": settings["course_id"], "exchange": str(state / "exchange"),
+         "course_folder": settings["course_folder"]}, indent=1) + "\n")
+    run("chmod", "-R", "a+rX,go-w", config)
+
+
+def make_exchange(state):
+    """nbgrader's exchange: the root open to all with the sticky bit (each learner can
+    create their cache and submissions, and remove nobody else's); nbgrader itself makes the
+    course's folders inside with the modes its documentation gives (README.md)."""
+    exchange = state / "exchange"
+    exchange.mkdir(exist_ok=True)
+    exchange.chmod(0o1777)
+
+
+def copy_course_folder(state, grader):
+    """The grader's copy of assessment/, with its nbgrader_config.py and grading guards:
+    the formgrader's course folder. Kept if it exists (it holds the gradebook)."""
+    home = Path(pwd.getpwnam(grader).pw_dir)
+    course = home / "assessment"
+    if not course.exists():
+        shutil.copytree(REPO / "assessment", course,
+                        ignore=shutil.ignore_patterns(*NOT_COPIED))
+        run("chown", "-R", f"{grader}:{grader}", course)
+        run("chmod", "-R", "go-rwx", course)
+    return course
+
+
+def write_secrets(state, given):
+    folder = state / "secrets"
+    folder.mkdir(exist_ok=True)
+    folder.chmod(0o700)
+    for name, length in PASSWORD_LENGTH.items():
+        path = folder / name
+        if given.get(name):
+            path.write_text(given[name] + "\n")
+        elif not path.exists():
+            path.write_text(secrets.token_urlsafe(length)[:length] + "\n")
+        path.chmod(0o600)
+
+
+def closed_folders(path):
+    """``path`` and the folders above it that other accounts cannot pass through."""
+    return [folder for folder in (path, *path.parents)
+            if folder.exists() and not folder.stat().st_mode & stat.S_IXOTH]
+
+
+def ensure_reachable(state):
+    """Every account reaches the class folder (its environment, the exchange, its home)."""
+    closed = closed_folders(state.parent)
+    if closed:
+        raise KitError(f"{closed[0]} is closed to other accounts (mode "
+                       f"{stat.S_IMODE(closed[0].stat().st_mode):o}), so learners could not "
+                       f"reach {state}: choose a class folder every account can reach, e.g. "
+                       f"/srv/ddp-workshop")
+
+
+def command_init(args):
+    state = args.state
+    ensure_reachable(state)
+    if not env_python(state).exists():
+        raise KitError(f"{state / 'env'} is missing: run `classroom.py --state {state} env` "
+                       f"first")
+    for folder in (state, state / "homes"):
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o755)  # every account reaches its own home and the shared files
+    hub = state / "hub"
+    hub.mkdir(exist_ok=True)
+    hub.chmod(0o700)
+    add_account(state, args.grader, state / "grader", "ddp-workshop grader")
+    course_folder = copy_course_folder(state, args.grader)
+    settings = {
+        "course_id": COURSE_ID,
+        "grader": args.grader,
+        "course_folder": str(course_folder),
+        "instructors": args.instructors,
+        "ip": args.ip, "port": args.port, "hub_port": args.hub_port,
+        "proxy_api_port": args.proxy_api_port, "formgrader_port": args.formgrader_port,
+        "idle_timeout_s": args.idle_timeout,
+        "spawner": args.spawner,
+        "slurm": {"gpus_per_learner": args.gpus_per_learner, "partition": args.partition,
+                  "slurm_conf": args.slurm_conf, "exechost": args.exechost,
+                  "runtime": args.runtime, "start_timeout_s": args.start_timeout},
+    }
+    settings_path(state).write_text(json.dumps(settings, indent=1) + "\n")
+    settings_path(state).chmod(0o644)
+    write_secrets(state, {"class_password": os.environ.get("CLASS_PASSWORD"),
+                          "instructor_password": os.environ.get("CLASS_INSTRUCTOR_PASSWORD")})
+    make_exchange(state)
+    copy_learner_material(state)
+    install_config(state, settings)
+    print(f"{state}: class {COURSE_ID}, grader {args.grader} ({course_folder}), "
+          f"instructors {', '.join(args.instructors) or 'none'}, {args.spawner} spawner; "
+          f"passwords in {state / 'secrets'}")
+
+
+# ----------------------------------------------------------------------------- accounts
+
+def learner_names(prefix, count):
+    width = max(2, len(str(count)))
+    return [f"{prefix}{i:0{width}d}" for i in range(1, count + 1)]
+
+
+def command_accounts(args):
+    state = args.state
+    settings = load_settings(state)
+    if args.action == "add":
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,20}", args.prefix):
+            raise KitError(f"--prefix {args.prefix!r}: lower-case letters, digits and '-', "
+                           f"starting with a letter, at most 21 characters")
+        names = learner_names(args.prefix, args.count)
+        for name in names:
+            add_account(state, name, state / "homes" / name, "ddp-workshop learner")
+        learners = sorted(set(load_learners(state)) | set(names))
+        (state / "learners.txt").write_text("\n".join(learners) + "\n")
+        print(f"{len(names)} learner accounts: {names[0]} .. {names[-1]} (homes in "
+              f"{state / 'homes'}); restart the hub to let new ones in")
+    else:
+        removed = remove_accounts(state, keep={settings["grader"]})
+        (state / "learners.txt").unlink(missing_ok=True)
+        print(f"removed {len(removed)} learner accounts")
+
+
+def load_learners(state):
+    path = state / "learners.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def remove_accounts(state, keep=()):
+    """Remove the accounts this kit created (and their homes), except ``keep``."""
+    removed, kept = [], []
+    for name in recorded_accounts(state):
+        if name in keep:
+            kept.append(name)
+            continue
+        if user_exists(name):
+            # Processes left by the account (a server the hub did not stop) would keep
+            # userdel from removing it.
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            run("userdel", "--remove", name)
+        removed.append(name)
+    (state / "accounts.txt").write_text("".join(f"{name}\n" for name in kept))
+    return removed
+
+
+def command_down(args):
+    state = args.state
+    removed = remove_accounts(state)
+    print(f"removed {len(removed)} accounts ({', '.join(removed) or 'none'})")
+    if args.purge:
+        shutil.rmtree(state)
+        print(f"removed {state}")
+
+
+# -------------------------------------------------------------------------------- serve
+
+def command_serve(args):
+    state = args.state
+    settings = load_settings(state)
+    if not load_learners(state):
+        raise KitError(f"no learner accounts yet: `classroom.py --state {state} accounts add N`")
+    proxy = state / "proxy" / "node_modules" / ".bin"
+    env = {**os.environ, "CLASSROOM_DIR": str(state),
+           "PATH": f"{state / 'env' / 'bin'}:{proxy}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    print(f"JupyterHub for {COURSE_ID} at http://{settings['ip']}:{settings['port']}/ "
+          f"(state in {state / 'hub'})", flush=True)
+    os.chdir(state / "hub")
+    # The hub stops the formgrader and the learners' servers with SIGINT, which they would
+    # ignore, as started in the background, had this process inherited it ignored.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.execve(state / "env" / "bin" / "jupyterhub",
+              [str(state / "env" / "bin" / "jupyterhub"), "-f",
+               str(KIT / "jupyterhub_config.py")], env)
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+def parser():
+    main = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    main.add_argument("--state", type=Path, required=True,
+                      help="the class's folder (all it writes goes there), e.g. /srv/ddp-workshop")
+    commands = main.add_subparsers(dest="command", required=True)
+
+    env = commands.add_parser("env", help="build the class environment")
+    env.add_argument("--course-env", type=Path, default=REPO / ".venv",
+                     help="the course's environment (`make setup`): its packages are linked")
+    env.add_argument("--python", default=DEFAULT_PYTHON,
+                     help="a Python every account can run, of the course environment's version")
+    env.set_defaults(run=command_env)
+
+    init = commands.add_parser("init", help="settings, grader, exchange, learner material")
+    init.add_argument("--grader", default="ddp-grader", help="the grader's account name")
+    init.add_argument("--instructors", nargs="*", default=["instructor"],
+                      help="hub user names of the instructors (the formgrader is theirs)")
+    init.add_argument("--ip", default="127.0.0.1",
+                      help="the address learners open (0.0.0.0: every interface)")
+    init.add_argument("--port", type=int, default=8000)
+    init.add_argument("--hub-port", type=int, default=8081, help="the hub's API, on 127.0.0.1")
+    init.add_argument("--proxy-api-port", type=int, default=8001)
+    init.add_argument("--formgrader-port", type=int, default=8082)
+    init.add_argument("--idle-timeout", type=int, default=3600,
+                      help="stop a learner's server idle this many seconds")
+    init.add_argument("--spawner", choices=["local", "slurm"], default="local",
+                      help="learners' servers as processes here, or as SLURM jobs")
+    init.add_argument("--gpus-per-learner", type=int, default=0,
+                      help="slurm: GPUs each learner's job requests (--gres=gpu:N)")
+    init.add_argument("--partition", default="", help="slurm: the partition of the jobs")
+    init.add_argument("--runtime", default="8:00:00", help="slurm: the jobs' time limit")
+    init.add_argument("--start-timeout", type=int, default=900,
+                      help="slurm: seconds a learner's job may wait in the queue")
+    init.add_argument("--slurm-conf", default="",
+                      help="slurm: SLURM_CONF for the hub's sbatch/squeue (default: the system's)")
+    init.add_argument("--exechost", default="",
+                      help="slurm: the address of every job's node (a one-machine cluster "
+                           "whose node names do not resolve: 127.0.0.1)")
+    init.set_defaults(run=command_init)
+
+    accounts = commands.add_parser("accounts", help="add or remove learner accounts")
+    accounts.add_argument("action", choices=["add", "remove"])
+    accounts.add_argument("count", type=int, nargs="?", default=30)
+    accounts.add_argument("--prefix", default="learner")
+    accounts.set_defaults(run=command_accounts)
+
+    serve = commands.add_parser("serve", help="run JupyterHub in the foreground")
+    serve.set_defaults(run=command_serve)
+
+    down = commands.add_parser("down", help="remove the accounts the kit created")
+    down.add_argument("--purge", action="store_true", help="also remove the state folder")
+    down.set_defaults(run=command_down)
+    return main
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    args.state = args.state.resolve()
+    if os.geteuid() != 0:
+        sys.exit("classroom: run it as root (sudo make classroom): it creates the class's "
+                 "accounts, and the hub starts each learner's server as its learner")
+    try:
+        args.run(args)
+    except KitError as error:
+        sys.exit(f"classroom: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""JupyterHub for the class: read by `classroom.py serve`, which names the class's folder in
+$CLASSROOM_DIR. Every setting comes from that folder (class.json, written by `classroom.py
+init`; the passwords in secrets/; the learners in learners.txt), and everything the hub
+writes goes to its hub/ folder.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+c = get_config()  # noqa: F821 - JupyterHub defines get_config when it loads this file
+
+STATE = Path(os.environ["CLASSROOM_DIR"])
+KIT = Path(__file__).resolve().parent
+HUB = STATE / "hub"
+ENV_BIN = STATE / "env" / "bin"
+settings = json.loads((STATE / "class.json").read_text())
+course_id = settings["course_id"]
+instructors = set(settings["instructors"])
+learners = set((STATE / "learners.txt").read_text().split())
+grader_home = Path(settings["course_folder"]).parent
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def secret(name):
+    return (STATE / "secrets" / name).read_text().strip()
+
+
+# The hub, its proxy and its state. Only the proxy's public port may face the class; the
+# hub's API and the proxy's API stay on the loopback interface.
+c.JupyterHub.bind_url = f"http://{settings['ip']}:{settings['port']}"
+c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{settings['hub_port']}"
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings['proxy_api_port']}"
+c.ConfigurableHTTPProxy.command = [
+    str(STATE / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.pid_file = str(HUB / "jupyterhub-proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{HUB / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(HUB / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(HUB / "jupyterhub.pid")
+
+# Who logs in: the class's learner accounts with the class password, the instructors with
+# theirs (classroom_auth.py). JupyterHub 5+ lets nobody in unless told whom.
+sys.path.insert(0, str(KIT))
+sys.dont_write_bytecode = True  # nothing of the hub's goes into the repository
+from classroom_auth import ClassroomAuthenticator  # noqa: E402 - found through KIT
+
+c.JupyterHub.authenticator_class = ClassroomAuthenticator
+c.ClassroomAuthenticator.user_password = secret("class_password")
+c.ClassroomAuthenticator.instructor_password = secret("instructor_password")
+c.ClassroomAuthenticator.instructors = instructors
+c.Authenticator.allowed_users = learners | instructors
+
+# The formgrader: a hub-managed service, run as the grader account in its copy of the
+# course's assessment/ (nbgrader's settings there carry the grading guards), reached by
+# the instructors' group only. Instructors also see and help with learners' servers.
+c.JupyterHub.load_groups = {"instructors": {"users": sorted(instructors)}}
+c.JupyterHub.load_roles = [
+    {"name": "instructor", "groups": ["instructors"],
+     "scopes": [f"access:services!service={course_id}", "list:users", "read:users",
+                "admin:servers", "access:servers"]},
+    {"name": "idle-culler", "services": ["idle-culler"],
+     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
+]
+c.JupyterHub.services = [
+    {
+        "name": course_id,
+        "url": f"http://127.0.0.1:{settings['formgrader_port']}",
+        "user": settings["grader"],
+        "cwd": settings["course_folder"],
+        "command": [str(ENV_BIN / "jupyterhub-singleuser"),
+                    f"--ServerApp.root_dir={grader_home}"],
+        "environment": {
+            "JUPYTER_CONFIG_PATH": str(STATE / "config" / "grader"),
+            "JUPYTERHUB_DEFAULT_URL": "/formgrader",
+            "PATH": f"{ENV_BIN}:{SYSTEM_PATH}",
+        },
+        "oauth_no_confirm": True,
+    },
+    {
+        "name": "idle-culler",
+        "command": [str(ENV_BIN / "python"), "-m", "jupyterhub_idle_culler",
+                    f"--timeout={settings['idle_timeout_s']}"],
+    },
+]
+
+
+def landing_page(handler):
+    """Instructors land on the formgrader (in a tab of its own: inside JupyterLab's panel
+    it stays blank under JupyterHub 4.1+, nbgrader#1870); learners on their JupyterLab."""
+    user = handler.current_user
+    if user is not None and user.name in instructors:
+        return f"/services/{course_id}/formgrader"
+    return None
+
+
+c.JupyterHub.default_url = landing_page
+
+# Each learner's JupyterLab, as that learner, in their home: the course's learner settings
+# (config/learner: the Assignment List and Validate, no instructor panel), the course's
+# notebooks copied in on first start (course/first_start.py).
+c.Spawner.cmd = [str(STATE / "course" / "jupyterhub-learner")]
+c.Spawner.default_url = "/lab/tree/notebooks"
+c.Spawner.notebook_dir = "~"
+c.Spawner.environment = {
+    "JUPYTER_CONFIG_PATH": str(STATE / "config" / "learner"),
+    "PATH": f"{ENV_BIN}:{SYSTEM_PATH}",
+}
+# A class logging in at once: start at most this many servers together, and give each
+# the time a busy machine needs (jupyterhub#3396).
+c.JupyterHub.concurrent_spawn_limit = 10
+c.Spawner.http_timeout = 120
+c.Spawner.start_timeout = 180
+
+if settings["spawner"] == "slurm":
+    # Each learner's JupyterLab is a SLURM job of theirs (submitted with sudo as them),
+    # with its share of GPUs: SLURM sets CUDA_VISIBLE_DEVICES in the job.
+    import batchspawner  # noqa: F401 - adds the API the jobs report their port to
+
+    slurm = settings["slurm"]
+    c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
+    c.SlurmSpawner.batchspawner_singleuser_cmd = str(ENV_BIN / "batchspawner-singleuser")
+    c.SlurmSpawner.exec_prefix = "sudo -E -u {username}"
+    c.SlurmSpawner.req_gres = (f"gpu:{slurm['gpus_per_learner']}"
+                               if slurm["gpus_per_learner"] else "")
+    c.SlurmSpawner.req_partition = slurm["partition"]
+    c.SlurmSpawner.req_runtime = slurm["runtime"]
+    # A job waiting in the queue longer than this is cancelled (README.md: sizing).
+    c.SlurmSpawner.start_timeout = slurm["start_timeout_s"]
+    if slurm["slurm_conf"]:
+        # The hub's own squeue and scancel, and each learner's sbatch, talk to this cluster.
+        os.environ["SLURM_CONF"] = slurm["slurm_conf"]
+        c.Spawner.environment["SLURM_CONF"] = slurm["slurm_conf"]
+    if slurm["exechost"]:
+        # One machine whose node names do not resolve: the hub reaches every job's server
+        # at this address, and the server listens there only (batchspawner's default, for
+        # servers on other machines, is every interface).
+        c.SlurmSpawner.state_exechost_exp = slurm["exechost"]
+        c.Spawner.args = [f"--ServerApp.ip={slurm['exechost']}"]
+else:
+    c.JupyterHub.spawner_class = "localprocess"
