@@ -90,6 +90,43 @@ def test_the_answer_cells_ask_what_the_checks_judge():
     assert literal_assigned(cells("00_welcome"), "observed") == welcome.stub()
     assert literal_assigned(cells("03_keeping_accuracy_at_scale"), "my_runs") == \
         challenge.STUB
+    assert literal_assigned(cells("04_when_things_go_wrong"), "where_ranks_wait") == \
+        EXERCISES["stuck_ranks"].stub()
+
+
+def test_notebook_04_asks_where_the_ranks_wait_before_it_shows_any_script():
+    """The stack dump is the only evidence when the answer is asked: the stuck job's script,
+    the cut-down script and DETAIL all come after the answer's check."""
+    sources = cells("04_when_things_go_wrong")
+    answered = next(i for i, s in enumerate(sources) if 'labs.check("stuck_ranks"' in s)
+    dumped = next(i for i, s in enumerate(sources) if "dump_stacks()" in s)
+    shown = [i for i, s in enumerate(sources)
+             if "read_text()" in s or "DETAIL" in s or s.startswith("%%writefile")]
+    assert dumped < answered and shown and min(shown) > answered, (dumped, answered, shown)
+
+
+@pytest.mark.parametrize("answer,reason", [
+    ({0: None, 1: None}, "fill in where_ranks_wait[0]"),
+    ("rank 0 in all_reduce", "fill in where_ranks_wait as {0: ..., 1: ...}"),
+    ({0: "dist.barrier()", 1: "dist.barrier()"}, "rank 0 is not waiting in barrier"),
+    ({0: "dist.all_reduce(sums)", 1: "dist.all_reduce(sums)"},
+     "rank 1 is not waiting in all_reduce"),
+    ({0: 1, 1: "the loss"}, "names no single collective"),
+])
+def test_the_stuck_ranks_check_says_which_rank_is_wrong(answer, reason):
+    verdict = labs.get("stuck_ranks").check(answer)
+    assert not verdict.ok and reason in verdict.reason, verdict.reason
+
+
+def test_the_stuck_ranks_check_passes_the_reference_by_line_or_by_code():
+    from workshop_lib.labs import when_things_go_wrong as debugging
+
+    assert labs.get("stuck_ranks").check(labs.solution("stuck_ranks")).ok
+    assert labs.get("stuck_ranks").check(dict(debugging.WAITS)).ok
+    stub = (FILES / "debugging_stub.py").read_text().splitlines()
+    for rank, line in labs.solution("stuck_ranks").items():
+        assert stub[line - 1].strip().startswith(debugging.WAITS[rank]), (rank, line)
+    assert not labs.get("stuck_ranks").check(labs.get("stuck_ranks").stub()).ok
 
 
 @pytest.mark.slow
@@ -257,6 +294,7 @@ SOLUTION_MARKERS = {  # a line of each reference answer, as the learner writes i
     "welcome": "'global_batch':", "sgd": "def my_sgd(", "sampler": "'shard_size': 5,",
     "conversion": "DistributedSampler", "from_scratch": "class NaiveDataParallel",
     "challenge": "--lr-scaling linear", "debugging": "dist.all_reduce(sums)",
+    "stuck_ranks": "# dist.barrier()",
     "fit_in_memory": "--accumulate 2", "sbatch_header": "#SBATCH --nodes=2",
     "overlap": "class OverlappedDataParallel", "buckets": "class BucketedDataParallel",
     "zero1": "class ShardedOptimizer",
