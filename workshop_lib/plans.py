@@ -161,12 +161,14 @@ DEBUG_JOB_PROCESSES = 2  # the debugging lab's script: gloo on the CPU, on any m
 
 
 def failures(p):
-    """Notebook 04's jobs: a crash, a hang (two ranks or more), a restart, and the lab's
-    buggy job (always two CPU processes: it is written for gloo)."""
+    """Notebook 04's jobs: a crash, a hang (two ranks or more), a restart and the same job
+    uninterrupted (to compare bit for bit), and the lab's buggy job (always two CPU
+    processes: it is written for gloo)."""
     steps = data.steps_per_epoch(_train_size(p), p.nproc, p.batch_size)
     total = FAILURE_EPOCHS * steps
     launches = [_ddp("crash", p, batch_size=p.batch_size, steps=total),
                 _ddp("restart", p, batch_size=p.batch_size, steps=total),
+                _ddp("uninterrupted", p, batch_size=p.batch_size, steps=total),
                 Launch("debug_job", "cpu", DEBUG_JOB_PROCESSES, backend="gloo")]
     if p.nproc > 1:
         launches.append(_ddp("hang", p, batch_size=p.batch_size, steps=total))
