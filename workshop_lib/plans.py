@@ -234,9 +234,10 @@ def uneven_shard_count(ranks):
 
 
 def beyond(p, num_shards=None):
-    """Notebook 06's shards, the uneven-shards demo (gloo on the CPU, ``shards.main``),
-    and the two-node and elastic jobs on the profile's DDP device: ``p.nproc // 2``
-    processes on each of two nodes (one each on two or three)."""
+    """Notebook 06's shards, data prepared once per node (gloo), the uneven-shards demo
+    (gloo on the CPU, ``shards.main``), and the two-node and elastic jobs on the profile's
+    DDP device: ``p.nproc // 2`` processes on each of two nodes (one each on two or
+    three)."""
     num_shards = num_shards or SHARDS_PER_RANK * p.nproc
     if num_shards < p.nproc:
         raise CourseError(f"num_shards is {num_shards}, fewer than the {p.nproc} ranks: "
@@ -244,7 +245,10 @@ def beyond(p, num_shards=None):
                           f"({SHARDS_PER_RANK} per rank)")
     node_nproc = max(1, p.nproc // NODES)
     training = {"batch_size": p.batch_size, "steps": _steps(p, p.epochs, p.batch_size * p.nproc)}
-    launches = [_ddp("memory_vs_shards", p, **training)]
+    # Preparing data once per node: local rank 0 writes, the others wait (gloo: a barrier
+    # and no tensors, whatever the device).
+    launches = [_ddp("memory_vs_shards", p, **training),
+                Launch("prepare_once", "cpu", p.nproc, backend="gloo")]
     if p.nproc > 1:
         nodes_backend = hardware.backend_for(p.ddp_device)
         launches += [
