@@ -96,3 +96,26 @@ def test_pytorchs_sequential_lr_gives_the_courses_rate_at_every_step(warmup, tot
         assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, abs=1e-12), step
         optimizer.step()
         scheduler.step()
+
+
+def test_largest_difference_reads_every_tensor_of_two_checkpoints(tmp_path):
+    """Notebook 04 compares a resumed job with the uninterrupted one through this: a change
+    in any model or optimizer tensor shows, and equal states give exactly 0.0."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, 3),
+                           tmp_path / "a.pt")
+    checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, 3),
+                           tmp_path / "b.pt")
+    assert checkpoint.largest_difference(tmp_path / "a.pt", tmp_path / "b.pt") == {
+        "model": 0.0, "optimizer": 0.0, "epochs": [3, 3]}
+    momentum = next(iter(optimizer.state.values()))["momentum_buffer"]
+    momentum[0, 0] += 0.25
+    checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, 3),
+                           tmp_path / "b.pt")
+    gap = checkpoint.largest_difference(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert gap["model"] == 0.0 and gap["optimizer"] == 0.25

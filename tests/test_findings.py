@@ -224,11 +224,22 @@ def test_precision_and_remedy_verdicts_follow_their_bars():
     assert found["accumulate"].holds and not found["bf16"].holds
 
 
+def test_the_resume_is_judged_bit_for_bit_on_the_cpu_and_reported_on_gpus():
+    same = {"model": 0.0, "optimizer": 0.0, "epochs": [3, 3]}
+    assert nb04.resume(same, "cpu")["resume"].holds
+    assert not nb04.resume({**same, "optimizer": 1e-9}, "cpu")["resume"].holds
+    assert not nb04.resume({**same, "epochs": [2, 3]}, "cpu")["resume"].holds
+    on_gpu = nb04.resume({**same, "model": 3e-7}, "cuda")["resume"]
+    assert on_gpu.holds is None and "3e-07" in on_gpu.text
+
+
 def test_accumulation_needs_the_same_step_and_fewer_all_reduces():
-    measured = {"micro_batches": 4, "max_abs_difference": 7e-9,
+    measured = {"micro_batches": 4, "model": "bn_free", "max_abs_difference": 7e-9,
                 "all_reduces": {"accumulated": 1, "accumulated_without_no_sync": 4,
                                 "one_batch": 1}}
-    assert nb05.accumulation(measured)["accumulation"].holds
+    found = nb05.accumulation(measured)["accumulation"]
+    # It says which model the equivalence holds for, and that BatchNorm breaks it.
+    assert found.holds and "without BatchNorm" in found.text and "not the same step" in found.text
     measured["all_reduces"]["accumulated"] = 4
     assert not nb05.accumulation(measured)["accumulation"].holds
 

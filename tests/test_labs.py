@@ -90,6 +90,43 @@ def test_the_answer_cells_ask_what_the_checks_judge():
     assert literal_assigned(cells("00_welcome"), "observed") == welcome.stub()
     assert literal_assigned(cells("03_keeping_accuracy_at_scale"), "my_runs") == \
         challenge.STUB
+    assert literal_assigned(cells("04_when_things_go_wrong"), "where_ranks_wait") == \
+        EXERCISES["stuck_ranks"].stub()
+
+
+def test_notebook_04_asks_where_the_ranks_wait_before_it_shows_any_script():
+    """The stack dump is the only evidence when the answer is asked: the stuck job's script,
+    the cut-down script and DETAIL all come after the answer's check."""
+    sources = cells("04_when_things_go_wrong")
+    answered = next(i for i, s in enumerate(sources) if 'labs.check("stuck_ranks"' in s)
+    dumped = next(i for i, s in enumerate(sources) if "dump_stacks()" in s)
+    shown = [i for i, s in enumerate(sources)
+             if "read_text()" in s or "DETAIL" in s or s.startswith("%%writefile")]
+    assert dumped < answered and shown and min(shown) > answered, (dumped, answered, shown)
+
+
+@pytest.mark.parametrize("answer,reason", [
+    ({0: None, 1: None}, "fill in where_ranks_wait[0]"),
+    ("rank 0 in all_reduce", "fill in where_ranks_wait as {0: ..., 1: ...}"),
+    ({0: "dist.barrier()", 1: "dist.barrier()"}, "rank 0 is not waiting in barrier"),
+    ({0: "dist.all_reduce(sums)", 1: "dist.all_reduce(sums)"},
+     "rank 1 is not waiting in all_reduce"),
+    ({0: 1, 1: "the loss"}, "names no single collective"),
+])
+def test_the_stuck_ranks_check_says_which_rank_is_wrong(answer, reason):
+    verdict = labs.get("stuck_ranks").check(answer)
+    assert not verdict.ok and reason in verdict.reason, verdict.reason
+
+
+def test_the_stuck_ranks_check_passes_the_reference_by_line_or_by_code():
+    from workshop_lib.labs import when_things_go_wrong as debugging
+
+    assert labs.get("stuck_ranks").check(labs.solution("stuck_ranks")).ok
+    assert labs.get("stuck_ranks").check(dict(debugging.WAITS)).ok
+    stub = (FILES / "debugging_stub.py").read_text().splitlines()
+    for rank, line in labs.solution("stuck_ranks").items():
+        assert stub[line - 1].strip().startswith(debugging.WAITS[rank]), (rank, line)
+    assert not labs.get("stuck_ranks").check(labs.get("stuck_ranks").stub()).ok
 
 
 # `make check-labs` proves every exercise both ways; in the suite, the notebooks do it where
@@ -177,6 +214,73 @@ dist.destroy_process_group()
 """
 
 
+def runs_before(notebook, exercise_cell):
+    """The training runs notebook ``notebook``'s sweep cells launch before the code cell that
+    holds ``exercise_cell``: ``{name: argv}`` with the cell's shell variables left in."""
+    runs = {}
+    for source in cells(notebook):
+        if exercise_cell in source:
+            return runs
+        if "workshop_lib.sweep" in source:
+            common = source.split(" -- ", 1)[1].replace("\\\n", " ")
+            for name, flags in re.findall(r'--variant\s+"?(\w+)="?([^"]*)"', source):
+                runs[name] = f"{common} {flags}"
+    raise AssertionError(f"no cell of {notebook} holds {exercise_cell!r}")
+
+
+def test_notebook_05s_runs_before_its_exercise_do_not_pass_it():
+    """The exercise asks for a decision: no run the notebook made above it is its answer,
+    at any profile's batch (the remedies run at 4x the profile's batch: at batch 64 that is
+    the exercise's own global batch 256)."""
+    from workshop_lib import plans, profile
+    from workshop_lib.labs import worked_example as fit
+
+    runs = runs_before("05_worked_example", 'labs.check("fit_in_memory"')
+    assert {"fp32", "bf16", "fp16", "plain", "smaller_batch_accumulate",
+            "checkpointing"} <= set(runs)
+    parser = fit.training_parser()
+    tried = set()
+    for batch in sorted({sizes.batch_size for sizes in profile.SIZES.values()}):
+        values = {"DEVICE": "cpu", "DATASET": "digits", "MODEL": "cnn", "BATCH_SIZE": batch,
+                  "BIG_BATCH": plans.REMEDY_SCALE * batch}
+        for name, argv in runs.items():
+            argv = re.sub(r"\$(\w+)", lambda m, v=values: str(v.get(m[1], 1)), argv)
+            args = parser.parse_args(argv.split())
+            flags = (f"--batch-size {args.batch_size} --accumulate {args.accumulate} "
+                     f"--amp {args.amp}" + " --grad-checkpointing" * args.grad_checkpointing)
+            if flags not in tried:
+                tried.add(flags)
+                verdict = fit.check(flags)
+                assert not verdict.ok, (name, batch, flags)
+    assert "--batch-size 64 --accumulate 4 --amp off" in tried  # the remedy closest to it
+
+
+@pytest.mark.parametrize("flags,named", [
+    ("--batch-size 128 --accumulate 2 --grad-checkpointing --epochs 30", "--epochs"),
+    ("--batch-size 128 --ep=30 --accumulate 2 --grad-checkpointing", "--epochs"),
+    ("--lr 0.1 --batch-size 128 --accumulate 2 --grad-checkpointing", "--lr"),
+    ("--batch-size 128 --accumulate 2 --grad-checkpointing --model wrn-16-4", "--model"),
+    ("--batch-size 128 --accumulate 2 --grad-checkpointing --dataset fashion-mnist",
+     "--dataset"),
+])
+def test_the_fit_in_memory_budget_cannot_be_overridden(flags, named):
+    from workshop_lib.labs import worked_example as fit
+
+    verdict = fit.check(flags)
+    assert not verdict.ok and "\n" not in verdict.reason
+    assert verdict.reason.startswith(f"{named} is the exercise's budget"), verdict.reason
+
+
+def test_fit_in_memory_refuses_more_than_two_micro_batches_and_bf16_alone():
+    """The second constraint makes the learner weigh the remedies: accumulation alone needs
+    four micro-batches; bf16 alone, at two, still saves more than the budget."""
+    from workshop_lib.labs import worked_example as fit
+
+    assert "over the limit of 2" in fit.precheck("--batch-size 64 --accumulate 4")
+    assert "it would not fit" in fit.precheck("--batch-size 128 --accumulate 2 --amp bf16")
+    assert fit.precheck(fit_solution := labs.solution("fit_in_memory")) is None, fit_solution
+
+
 @pytest.mark.slow
 def test_notebook_04_cuts_the_job_down_because_ddp_crashes_under_detail_on_gloo():
     """Notebook 04 says PyTorch 2.14's ``DDP(...)`` crashes on gloo with
@@ -209,7 +313,8 @@ SOLUTION_MARKERS = {  # a line of each reference answer, as the learner writes i
     "welcome": "'global_batch':", "sgd": "def my_sgd(", "sampler": "'shard_size': 5,",
     "conversion": "DistributedSampler", "from_scratch": "class NaiveDataParallel",
     "challenge": "--lr-scaling sqrt --warmup-epochs 2", "debugging": "dist.all_reduce(sums)",
-    "fit_in_memory": "--accumulate 4", "sbatch_header": "#SBATCH --nodes=2",
+    "stuck_ranks": "# dist.barrier()",
+    "fit_in_memory": "--accumulate 2", "sbatch_header": "#SBATCH --nodes=2",
     "overlap": "class OverlappedDataParallel", "buckets": "class BucketedDataParallel",
     "zero1": "class ShardedOptimizer",
 }

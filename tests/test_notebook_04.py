@@ -52,9 +52,15 @@ def test_a_second_execution_in_the_same_folder_gives_the_same_outcomes(execution
     assert second_run.column("epoch") == [1, 2, 3]
 
 
+def test_the_resumed_job_is_the_uninterrupted_one_bit_for_bit(executions):
+    _, _, text = executions[0]
+    assert "bit for bit the same job (the bar: 0.0)" in text
+
+
 def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(executions):
     _, _, text = executions[0]
     assert "===== rank 0" in text and "===== rank 1" in text, "each stuck rank's stack"
+    assert "PASS: rank 0 waits in line" in text, "where each rank waits, answered first"
     assert "Timed out waiting" in text, "the stuck job ends at its collective timeout"
     assert "Detected mismatch between collectives" in text, "TORCH_DISTRIBUTED_DEBUG=DETAIL"
     assert "PASS: the job finishes" in text

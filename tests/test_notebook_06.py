@@ -44,6 +44,12 @@ def test_shards_and_memory_both_learn_in_one_launch(executed):
         assert finding.text in text
 
 
+def test_data_prepared_once_is_read_by_every_rank_after_the_barrier(executed):
+    _, text, _ = executed
+    assert "2 rank(s), 1 distinct checksum(s): every rank read the same data" in text
+    assert "rank 1 (local rank 1): file there before the barrier:" in text
+
+
 def test_two_nodes_and_the_elastic_job_are_one_job_each(executed):
     _, _, runs = executed
     two_nodes = runlog.read(runs / "two_nodes")

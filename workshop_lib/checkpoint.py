@@ -66,3 +66,28 @@ def resume(path, model, optimizer, scheduler, precision=None):
     if state.get("cuda_rng") is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"], device)
     return state["epoch"]
+
+
+def largest_difference(path, other):
+    """How far apart two ``training_state`` checkpoints are: ``{"model": ..., "optimizer":
+    ...}``, each the largest absolute difference over their tensors (0.0: bit for bit), and
+    both epochs. Notebook 04 compares a resumed job with the uninterrupted one."""
+    first, second = load(path), load(other)
+
+    def tensors(state):
+        if isinstance(state, torch.Tensor):
+            yield state
+        elif isinstance(state, dict):
+            for key in sorted(state, key=str):
+                yield from tensors(state[key])
+        elif isinstance(state, list | tuple):
+            for item in state:
+                yield from tensors(item)
+
+    def gap(a, b):
+        pairs = list(zip(tensors(a), tensors(b), strict=True))
+        return max(((x.double() - y.double()).abs().max().item() if x.numel() else 0.0)
+                   for x, y in pairs) if pairs else 0.0
+
+    return {part: gap(first[part], second[part]) for part in ("model", "optimizer")} | {
+        "epochs": [first["epoch"], second["epoch"]]}

@@ -1,5 +1,5 @@
-"""Is N processes x batch b the same as one process with batch N x b? Are k micro-batches
-one k-times larger batch? (notebooks 03 and 05)
+"""Is N processes x batch b the same as one process with batch N x b? Do k micro-batches
+give one k-times larger batch's step? (notebooks 03 and 05)
 
 DDP averages the gradients of the ranks' batches, which is the gradient of the global
 batch, so the same steps follow, with one exception: BatchNorm. A BatchNorm layer
@@ -11,7 +11,8 @@ DDP on each rank's batch against K steps of one process (rank 0) on the ranks' b
 together, for the course CNN without BatchNorm, with it, and (on GPUs) with SyncBatchNorm.
 And gradient accumulation as the training scripts do it (``--accumulate``): k micro-batches
 with ``no_sync()`` for all but the last, against one step on their union, counting the
-gradient all-reduces each way.
+gradient all-reduces each way, on the CNN without BatchNorm (``ACCUMULATION_MODEL``): with
+BatchNorm each micro-batch is normalised with its own statistics, so the two differ.
 
     torchrun --standalone --nproc-per-node=2 -m workshop_lib.equivalence --out eq.json
 """
@@ -30,6 +31,9 @@ from workshop_lib import cli, data, distributed, hardware, models
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
 
 STEPS, LR = 10, 0.05
+# BatchNorm normalises each micro-batch by itself: accumulation equals the larger batch only
+# without it, so that is the model its comparison runs (and says it ran).
+ACCUMULATION_MODEL = "bn_free"
 
 
 def make_model(info, variant, device):
@@ -112,7 +116,7 @@ def accumulation(info, mine, device, micro_batches=4):
              ("accumulated_without_no_sync", train.train_epoch, len(x) // micro_batches),
              ("one_batch", train_ddp.train_epoch, len(x)))
     for name, train_epoch, batch in loops:
-        model = train_ddp.wrap(make_model(info, "bn_free", device), device)
+        model = train_ddp.wrap(make_model(info, ACCUMULATION_MODEL, device), device)
         calls[name] = []
         model.register_comm_hook(None, lambda state, bucket, seen=calls[name]: (
             seen.append(1), default_hooks.allreduce_hook(state, bucket))[1])
@@ -125,7 +129,8 @@ def accumulation(info, mine, device, micro_batches=4):
         results[name] = list(model.module.parameters())
     difference = torch.stack([largest_difference(results[name], results["one_batch"])
                               for name in results]).max()
-    return {"micro_batches": micro_batches, "max_abs_difference": difference,
+    return {"micro_batches": micro_batches, "model": ACCUMULATION_MODEL,
+            "max_abs_difference": difference,
             "all_reduces": {name: len(seen) for name, seen in calls.items()}}
 
 

@@ -161,12 +161,14 @@ DEBUG_JOB_PROCESSES = 2  # the debugging lab's script: gloo on the CPU, on any m
 
 
 def failures(p):
-    """Notebook 04's jobs: a crash, a hang (two ranks or more), a restart, and the lab's
-    buggy job (always two CPU processes: it is written for gloo)."""
+    """Notebook 04's jobs: a crash, a hang (two ranks or more), a restart and the same job
+    uninterrupted (to compare bit for bit), and the lab's buggy job (always two CPU
+    processes: it is written for gloo)."""
     steps = data.steps_per_epoch(_train_size(p), p.nproc, p.batch_size)
     total = FAILURE_EPOCHS * steps
     launches = [_ddp("crash", p, batch_size=p.batch_size, steps=total),
                 _ddp("restart", p, batch_size=p.batch_size, steps=total),
+                _ddp("uninterrupted", p, batch_size=p.batch_size, steps=total),
                 Launch("debug_job", "cpu", DEBUG_JOB_PROCESSES, backend="gloo")]
     if p.nproc > 1:
         launches.append(_ddp("hang", p, batch_size=p.batch_size, steps=total))
@@ -232,9 +234,10 @@ def uneven_shard_count(ranks):
 
 
 def beyond(p, num_shards=None):
-    """Notebook 06's shards, the uneven-shards demo (gloo on the CPU, ``shards.main``),
-    and the two-node and elastic jobs on the profile's DDP device: ``p.nproc // 2``
-    processes on each of two nodes (one each on two or three)."""
+    """Notebook 06's shards, data prepared once per node (gloo), the uneven-shards demo
+    (gloo on the CPU, ``shards.main``), and the two-node and elastic jobs on the profile's
+    DDP device: ``p.nproc // 2`` processes on each of two nodes (one each on two or
+    three)."""
     num_shards = num_shards or SHARDS_PER_RANK * p.nproc
     if num_shards < p.nproc:
         raise CourseError(f"num_shards is {num_shards}, fewer than the {p.nproc} ranks: "
@@ -242,7 +245,10 @@ def beyond(p, num_shards=None):
                           f"({SHARDS_PER_RANK} per rank)")
     node_nproc = max(1, p.nproc // NODES)
     training = {"batch_size": p.batch_size, "steps": _steps(p, p.epochs, p.batch_size * p.nproc)}
-    launches = [_ddp("memory_vs_shards", p, **training)]
+    # Preparing data once per node: local rank 0 writes, the others wait (gloo: a barrier
+    # and no tensors, whatever the device).
+    launches = [_ddp("memory_vs_shards", p, **training),
+                Launch("prepare_once", "cpu", p.nproc, backend="gloo")]
     if p.nproc > 1:
         nodes_backend = hardware.backend_for(p.ddp_device)
         launches += [

@@ -44,3 +44,22 @@ def failures(results, nproc, hang_timeout_s, restarted_run=None):
             f"{restart['ok']}, attempts {restart['attempts']}, resumed at "
             f"{resumed_at or 'no epoch'})."), holds=resumed))
     return found
+
+
+def resume(gap, device):
+    """The resumed job against the uninterrupted one (``checkpoint.largest_difference`` of
+    their last checkpoints): on the CPU the same bits (the bar: a difference of 0.0); on
+    GPUs non-deterministic kernels may round differently, so the gap is reported, not
+    judged."""
+    epochs, worst = gap["epochs"], max(gap["model"], gap["optimizer"])
+    said = (f"The resumed job's last checkpoint (epoch {epochs[0]}) against the uninterrupted "
+            f"job's (epoch {epochs[1]}): the weights differ by at most {gap['model']:.3g}, the "
+            f"optimizer state by {gap['optimizer']:.3g}")
+    if device != "cpu":
+        return Findings([Finding("resume", said + " (on GPUs non-deterministic cuDNN and NCCL "
+                                                  "kernels may round differently: not judged).")])
+    same = worst == 0.0 and epochs[0] == epochs[1]
+    return Findings([Finding("resume", said + (": bit for bit the same job (the bar: 0.0)."
+                                               if same else ": not the same bits (the bar: "
+                                               "0.0); something the checkpoint does not hold "
+                                               "changed the run."), holds=same)])

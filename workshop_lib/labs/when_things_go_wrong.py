@@ -1,5 +1,9 @@
 """Notebook 04, "Debug this job": a DDP script that hangs; the learner finds why and fixes it.
 
+First, ``stuck_ranks``: from the stuck job's stack dump alone (no script shown yet), the
+learner says which line of ``debug_job.py`` each rank waits in, as a dict ``{rank: line}``
+(its number, or its text). Only then come ``DETAIL``, the cut-down script and the fix.
+
 ``files/debugging_stub.py`` trains, evaluates after each epoch and saves a checkpoint from rank
 0, and stops making progress at the end of its first epoch. The learner reads the
 launcher's summary, dumps the stuck ranks' stacks (``Job.dump_stacks()``, py-spy), runs
@@ -63,6 +67,68 @@ def mismatch_script(path=None):
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo, where PyTorch 2.14's ``DDP(...)`` crashes
     under ``DETAIL`` (tests/test_labs.py pins both)."""
     return copy("debugging_excerpt.py", path, default="debug_mismatch.py")
+
+
+# Where each rank of files/debugging_stub.py waits once rank 1 has finished its first epoch:
+# rank 0 in the all-reduce only it calls, rank 1 in the barrier after it.
+WAITS = {0: "dist.all_reduce(sums)", 1: "dist.barrier()"}
+COLLECTIVES = ("all_reduce", "barrier", "init_process_group", "destroy_process_group")
+
+
+def stub_lines():
+    return (FILES / "debugging_stub.py").read_text().splitlines()
+
+
+def line_of(text):
+    """The 1-based number of the stub's line that starts with ``text``."""
+    return next(n for n, line in enumerate(stub_lines(), 1) if line.strip().startswith(text))
+
+
+def collective_named(said):
+    """The collective a rank's answer names: by line number of debug_job.py, or in words."""
+    if isinstance(said, bool) or not isinstance(said, int | str):
+        return None
+    if isinstance(said, int):
+        lines = stub_lines()
+        said = lines[said - 1] if 1 <= said <= len(lines) else ""
+    named = [c for c in COLLECTIVES if c in said.replace(" ", "").replace(".", "_").lower()
+             or c.replace("_", "") in said.replace(" ", "").lower()]
+    return named[0] if len(named) == 1 else None
+
+
+def check_stuck_ranks(answer):
+    if not isinstance(answer, dict) or set(answer) != set(WAITS):
+        return Verdict(False, "fill in where_ranks_wait as {0: ..., 1: ...}: for each rank, "
+                              "the line of debug_job.py its stack shows it waiting in (its "
+                              "line number, or the code on it)")
+    wrong = []
+    for rank, expected in sorted(WAITS.items()):
+        named = collective_named(answer[rank])
+        if answer[rank] is None:
+            wrong.append(f"fill in where_ranks_wait[{rank}]: the line of debug_job.py rank "
+                         f"{rank}'s stack shows it waiting in")
+        elif named is None:
+            wrong.append(f"rank {rank}: {answer[rank]!r} names no single collective of "
+                         f"debug_job.py (give the line number py-spy shows for the frame in "
+                         f"debug_job.py, or that line's code)")
+        elif named not in expected:
+            wrong.append(f"rank {rank} is not waiting in {named}: read its frame in "
+                         f"debug_job.py again (the innermost one in the script)")
+    if wrong:
+        return Verdict(False, "; ".join(wrong))
+    return Verdict(True, f"rank 0 waits in line {line_of(WAITS[0])} ({WAITS[0]}), rank 1 in "
+                         f"line {line_of(WAITS[1])} ({WAITS[1]}): two different collectives, so "
+                         f"neither ever completes; next, find why")
+
+
+register(Exercise("stuck_ranks", "04_when_things_go_wrong", "say where each rank of the hung "
+                  "job waits, from its stacks",
+                  writes="where_ranks_wait: {rank: the line of debug_job.py it waits in}",
+                  check=check_stuck_ranks, stub=lambda: {0: None, 1: None},
+                  solution=lambda: {0: line_of(WAITS[0]), 1: line_of(WAITS[1])},
+                  shown=lambda: "\n".join(f"{rank}: {line_of(line)},  # {line}"
+                                          for rank, line in WAITS.items()),
+                  stub_reason="fill in where_ranks_wait"))
 
 
 register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hanging DDP job",
