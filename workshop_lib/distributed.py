@@ -37,6 +37,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from contextlib import contextmanager
 from datetime import timedelta
@@ -48,12 +49,21 @@ import torch.multiprocessing as mp
 
 from workshop_lib import errors
 
+# What a rank's collective raises when a peer's process has gone (gloo's TCP pairs).
+PEER_LEFT = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# torchrun names as the job's root cause the failure with the smallest error-file timestamp,
+# in whole seconds, ties going to the lowest rank: a rank that failed only because a peer
+# left waits this long before it reports, so that the peer that failed first is named.
+PEER_LEFT_WAIT_S = 1.5
+
 
 def exit_at_once(error):
     """Report ``error`` as the course's scripts do (``errors.report``), flush the output and
     end this process, without waiting for any teardown of its process group. Never returns.
     """
     code = 1
+    if any(words in str(error) for words in PEER_LEFT):
+        time.sleep(PEER_LEFT_WAIT_S)  # a bounded wait of its own, not a teardown's
     try:
         code = errors.report(error)
     except BaseException:  # reporting failed (a full disk, say): say so, and still end

@@ -154,6 +154,8 @@ def layout(nproc=None, device=None):
 
         chosen = profile.get_profile("auto", launches=profile.PROCESSES)
         nproc, device = nproc or chosen.nproc, device or chosen.ddp_device
+    if int(nproc) < 2:  # one process proves nothing of sharding or averaging: two CPU ranks
+        return 2, False
     return int(nproc), device == "cuda"
 
 
