@@ -15,14 +15,16 @@ SUITE_BUDGET_S = 35 * 60
 # the browser tests.
 NOTEBOOKS_SHARE = 0.6
 
-# notebook: (seconds with the solutions on two processes, seconds with the stubs on one)
+# notebook: (seconds with the solutions on two processes, seconds with the stubs on one).
+# Measured in the fresh-clone run of 2026-12-01: 845 s and 437 s in all (21 min of the
+# suite's 40); notebook 04's solutions run executes twice (two test modules' fixtures).
 NOTEBOOK_BUDGET_S = {
     "00_welcome": (75, 60),
     "01_sgd_and_batch_size": (150, 90),
     "02_from_one_gpu_to_many": (270, 120),
     "03_keeping_accuracy_at_scale": (180, 90),
-    "04_when_things_go_wrong": (200, 90),
-    "05_worked_example": (180, 90),
+    "04_when_things_go_wrong": (200, 130),
+    "05_worked_example": (180, 165),
     "06_beyond_one_machine": (150, 60),
     "07_inside_ddp": (150, 60),
 }
