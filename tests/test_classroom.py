@@ -270,17 +270,10 @@ def classroom(request):
         result = subprocess.run([sys.executable, str(KIT), "--state", str(state), "down",
                                  "--purge"], capture_output=True, text=True, timeout=120)
         print(f"classroom.py down: {result.stdout}{result.stderr}")
-        left = [name for name in (accounts.grader, *accounts.learners) if user_exists(name)]
+        kit = load_kit()
+        left = [name for name in (accounts.grader, *accounts.learners) if kit.user_exists(name)]
         assert not left, f"accounts left behind: {left}"
         shutil.rmtree(state, ignore_errors=True)
-
-
-def user_exists(name):
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def passwords(state):
