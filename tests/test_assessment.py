@@ -6,8 +6,9 @@ submission per case: the instructor's solution, a correct solution in another st
 untouched release, typical mistakes (each must lose exactly its requirements), a correct
 variant that must keep full marks, learners' attempts at changing the grade from cells
 of their own (each must score exactly what its script earns), and a job that never
-finishes. `make autograde` grades them, each with real torchrun launches of the learner's
-script (the graded run, then the same script as one process for the speed-up); the scores
+finishes. `make autograde` grades them, each with a real torchrun launch of the learner's
+script (on the CPU only the graded run: the speed-up is measured where it is required, on
+GPUs); the scores
 are read from nbgrader's gradebook, because nbgrader exits 0 even when tests fail. To keep
 CI time down, most attempts at changing the grade ride on a submission with a mistake:
 without the guards they would turn its lost points into full marks.
@@ -16,7 +17,9 @@ The variants nbgrader adds nothing to (no cell or file of the learner's beyond t
 script) are graded through the engine alone, ``ddp_checks.launch`` with the graded run's
 settings and each check, one torchrun launch each: the mistakes in averaging the
 gradients, a job of identical copies without a process group, and correct variants
-(gradient accumulation with no_sync, a different initialisation per rank).
+(gradient accumulation with no_sync, a different initialisation per rank). One of them
+asks for the speed-up on the CPU too (SPEEDUP_VARIANT): the single-process launch that
+grading on GPUs adds, run for real.
 """
 import contextlib
 import csv
@@ -52,8 +55,8 @@ MAX_SCORE = 12
 # The hanging submission runs under short limits, so that the test does not wait 5 min.
 HANG_LAUNCH_LIMIT_S = 15
 HANG_CELL_TIMEOUT_S = 30
-# Each graded notebook executes within this, on 2 CPU cores (two launches: the graded run
-# and the single-process run for the speed-up).
+# Each graded notebook executes within this, on 2 CPU cores (one launch: the graded run;
+# on GPUs a second one, as a single process, for the speed-up).
 NOTEBOOK_LIMIT_S = 90
 
 # Edits of the instructor's solution, and the test cells (by nbgrader grade_id) that each
@@ -147,6 +150,8 @@ ENGINE_VARIANTS = {
 """),
     ], set(), None),
 }
+# Graded by the engine with Config(measure_speedup=True): also launched as a single process.
+SPEEDUP_VARIANT = "init_per_rank_then_broadcast"
 NEVER_FINISHES = [  # the epoch counter is never incremented
     ("""    for epoch in range(1, args.epochs + 1):
 """, """    epoch = 1
@@ -357,13 +362,15 @@ def load_checks():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """Each of ENGINE_VARIANTS graded by the engine, as its test cells would: one launch
-    with the graded run's settings on 2 CPU processes (no single-process run: the speed-up
-    is the round trip's), then every check and the report. ``{variant: {"reasons":
-    {grade id: reason or None}, "report": (points, passed), "printed": the report}}``."""
+    with the graded run's settings on 2 CPU processes (and for SPEEDUP_VARIANT the
+    single-process run for the speed-up), then every check and the report. ``{variant:
+    {"reasons": {grade id: reason or None}, "report": (points, passed), "printed": the
+    report, "speed": Run.speed()}}``."""
     checks = load_checks()
-    config = checks.Config(**notebook_configs()["graded"], measure_speedup=False)
     graded = {}
     for name, (edits, _, _) in ENGINE_VARIANTS.items():
+        config = checks.Config(**notebook_configs()["graded"],
+                               measure_speedup=name == SPEEDUP_VARIANT)
         folder = tmp_path_factory.mktemp(name)
         shutil.copy(ASSESSMENT / "source" / ASSIGNMENT / "digits_data.py", folder)
         script = ((SUBMISSIONS / f"{name}.py").read_text() if edits is None
@@ -383,7 +390,7 @@ def engine(tmp_path_factory):
         with contextlib.redirect_stdout(io.StringIO()) as printed:
             report = checks.report(run)
         graded[name] = {"reasons": reasons, "report": report, "printed": printed.getvalue(),
-                        "seconds": run.elapsed_s}
+                        "seconds": run.elapsed_s, "speed": run.speed()}
         print(f"{name:30} {report[0]:2d}/12 passed={report[1]}  {run.elapsed_s:5.1f} s  "
               + "; ".join(f"{g}: {r}" for g, r in reasons.items() if r))
     return graded
@@ -507,13 +514,21 @@ def test_feedback_ends_with_the_total_and_the_pass_mark(course):
         in feedback_text(course, "no_sampler")
 
 
-def test_feedback_reports_the_speed_up_and_why_the_cpu_does_not_require_it(course):
+def test_feedback_says_why_the_cpu_grader_does_not_measure_the_speed_up(course):
     feedback = feedback_text(course, "solution")
+    assert ("Speed-up: not measured (on the CPU the speed-up is not required: the processes "
+            "share" in feedback), feedback[-3000:]
+    assert list((course["path"] / "grading_run").glob("**/one_process")) == [], \
+        "no single-process launch on the CPU"
+
+
+def test_asked_for_on_the_cpu_the_speed_up_is_measured_by_a_real_single_process_run(engine):
+    speedup, why_not = engine[SPEEDUP_VARIANT]["speed"]
+    assert why_not is None and speedup > 0
     assert re.search(r"Speed-up: [\d,]+ training samples/s on 2 CPU processes, [\d,]+ as a "
-                     r"single process: \d+\.\d\dx \(on the CPU the speed-up is reported, not "
-                     r"required: the processes share", feedback), feedback[-3000:]
-    # In requirement 1's verdict too.
-    assert "times as fast as one process (on the CPU the speed-up is reported" in feedback
+                     r"single process: \d+\.\d\dx \(on the CPU the speed-up is not "
+                     r"required: the processes share", engine[SPEEDUP_VARIANT]["printed"])
+    assert engine[SPEEDUP_VARIANT]["report"] == (12, True)
 
 
 @pytest.mark.parametrize("student", [*ATTEMPTS, "script_cell_as_kernel_code"])

@@ -456,13 +456,30 @@ def test_on_gpus_a_speed_up_that_could_not_be_measured_fails(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("speedup", [0.4, 1.6])
-def test_on_the_cpu_the_speed_up_is_reported_not_required(run, tmp_path, speedup):
+def test_on_the_cpu_the_speed_up_is_reported_where_asked_for_not_required(tmp_path,
+                                                                          monkeypatch, speedup):
+    monkeypatch.chdir(tmp_path)
+    run = good_run(tmp_path, config=ddp_checks.replace(CONFIG, measure_speedup=True))
+    assert run.measures_speedup
     with_one_process_run(tmp_path, run, pass_s=0.5 * speedup * N_TRAIN / N_TRAIN)
     verdict = check("runs_and_reaches_target_accuracy", run)
     assert verdict.startswith("PASS")
     assert f"{speedup:.2f} times as fast as one process" in verdict
-    assert "on the CPU the speed-up is reported, not required" in verdict
+    assert "on the CPU the speed-up is not required" in verdict
     assert failing(run) == set()
+
+
+def test_by_default_the_speed_up_is_measured_on_gpus_only(tmp_path, monkeypatch, run):
+    """The single-process launch is a second launch per learner: made where the speed-up
+    counts (two or more GPUs), not on the CPU, where no point depends on it."""
+    assert CONFIG.measure_speedup is None
+    assert not run.measures_speedup
+    assert run.speed() == (None, f"not measured ({ddp_checks.SPEEDUP_NOT_REQUIRED_ON_CPU}).")
+    assert check("runs_and_reaches_target_accuracy", run).startswith("PASS")
+    assert good_run(tmp_path / "gpus", world=4, on_gpu=True).measures_speedup
+    assert not good_run(tmp_path / "one", world=1, on_gpu=True).measures_speedup
+    assert not good_run(tmp_path / "off", world=4, on_gpu=True, config=ddp_checks.replace(
+        CONFIG, measure_speedup=False)).measures_speedup
 
 
 def test_the_speed_counts_the_passes_after_the_first(tmp_path):

@@ -3,8 +3,9 @@ runs it top to bottom before writing anything would. Nothing may crash: each exe
 check says NOT YET with its reason, and what needs two processes says it was skipped.
 
 (The default, two processes with the reference solutions, is executed by
-tests/test_notebook_*.py. The sweeps get fewer epochs here: this run is about the paths
-the notebooks take, not about what the runs show.)
+tests/test_notebook_*.py. This run is about the paths the notebooks take, not about what
+their runs show, so every parameter that sizes a measurement is cut to the least that
+still takes each path: QUICK.)
 """
 import pytest
 from test_notebook_hygiene import NOTEBOOKS
@@ -13,11 +14,15 @@ from conftest import execute_notebook, notebook_text_outputs
 from workshop_lib import labs, runlog
 
 pytestmark = pytest.mark.slow
+# Each notebook's parameters that size its runs, at their least (a notebook ignores the
+# ones it does not have): 01/03's sweeps, 02's seeds per arm, 05's comparison epochs,
+# 07's timing rounds.
+QUICK = {"sweep_epochs": 6, "seeds": 1, "epochs": 1, "rounds": 2}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes_with_one_process(name, tmp_path):
-    notebook = execute_notebook(name, tmp_path, nproc=1, solutions=False, sweep_epochs=6)
+    notebook = execute_notebook(name, tmp_path, nproc=1, solutions=False, **QUICK)
     text = notebook_text_outputs(notebook)
     assert "Traceback" not in text
     exercises = [e for e in labs._load().values() if name.startswith(e.notebook)]
