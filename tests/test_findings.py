@@ -605,6 +605,21 @@ def test_the_tolerance_is_resolvable_only_when_one_image_weighs_less(val_samples
     assert nb02.tolerance_resolution(judged, 100 / val_samples + 0.01)["resolution"].holds
 
 
+def test_the_benchmark_reads_weak_scaling_with_gustafsons_law():
+    # By hand: efficiency 0.9 on 4 processes: scaled speed-up 3.6 = 4 - s * 3, s = 0.4/3.
+    assert nb02.gustafson_serial(3.6, 4) == pytest.approx(0.4 / 3)
+
+    def bench(efficiency, world_size=4):
+        return {"scaling": [{"config": "course", "mode": "weak", "world_size": world_size,
+                             "batch_size": 32, "efficiency": {"median": efficiency},
+                             "predicted_efficiency": 0.97}]}
+    assert "= 3.60, is N - s(N - 1) with s = 0.13" in \
+        nb02.bench_scaling(bench(0.9))["bench_course"].text
+    below_one = nb02.bench_scaling(bench(0.3, world_size=2))["bench_course"].text
+    assert "= 0.60, is under 1" in below_one and "outgrew the step's work" in below_one
+    assert "above N" in nb02.bench_scaling(bench(1.1))["bench_course"].text
+
+
 def test_a_skipped_benchmark_says_why():
     assert "two processes" in nb02.bench_scaling(None, nproc=1)["bench"].text
     assert "optional benchmark" in nb02.bench_scaling(None, nproc=2)["bench"].text

@@ -68,7 +68,29 @@ def bench_scaling(bench, nproc=None):
         f"The benchmark's {r['config']} step (batch {r['batch_size']} per process, "
         f"{r['world_size']} processes): weak-scaling efficiency "
         f"{r['efficiency']['median']:.2f} measured against {r['predicted_efficiency']:.2f} "
-        f"predicted from the all-reduce floor.") for r in weak])
+        f"predicted from the all-reduce floor. "
+        + gustafson(r["world_size"], r["efficiency"]["median"])) for r in weak])
+
+
+def gustafson_serial(scaled_speedup, n):
+    """Gustafson's serial share s (of the N-process time) from a scaled speed-up
+    N - s(N - 1) (Gustafson, 1988): s = (N - scaled speed-up) / (N - 1)."""
+    return (n - scaled_speedup) / (n - 1)
+
+
+def gustafson(n, efficiency):
+    """Weak scaling read with Gustafson's law: the scaled speed-up is N x the efficiency
+    (N processes did N times the one process's work per step)."""
+    scaled = n * efficiency
+    serial = gustafson_serial(scaled, n)
+    said = f"Gustafson's scaled speed-up, N x efficiency = {scaled:.2f}"
+    if serial < 0:
+        return f"{said}, is above N, which N - s(N - 1) cannot give: no serial share."
+    if serial > 1:
+        return (f"{said}, is under 1, which N - s(N - 1) cannot give for a serial share s "
+                f"of at most 1: the time the processes added outgrew the step's work.")
+    return (f"{said}, is N - s(N - 1) with s = {serial:.2f}, the share of the "
+            f"{n}-process step that did not grow with the problem.")
 
 
 def from_scratch(check):
