@@ -78,13 +78,15 @@ SESSIONS = (
             Budget(reading=15, exercises=20, cpu_run=15, gpu_run=8)),
     Session("notebooks/02_from_one_gpu_to_many.ipynb",
             "make a single-device script a DDP job and launch it with torchrun; predict what "
-            "each rank sees; measure the same accuracy in less time (optional: the bench, "
-            "DDP from two collectives)", (90, 90),
+            "each rank sees; measure the same accuracy in less time and read its speed-up with "
+            "Amdahl's law (strong vs weak scaling; optional: the bench, DDP from two "
+            "collectives)", (90, 90),
             # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
             # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
             # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
             # from-scratch check 36); the whole notebook 313 s and 466 s in two runs
-            Budget(reading=20, exercises=45, cpu_run=5, gpu_run=10,
+            # reading: 20 min, and 3 for Amdahl's law (no run: it reads the comparison's)
+            Budget(reading=23, exercises=45, cpu_run=5, gpu_run=10,
                    optional=(("how close to the physical limit?", 10),
                              ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",

@@ -68,7 +68,29 @@ def bench_scaling(bench, nproc=None):
         f"The benchmark's {r['config']} step (batch {r['batch_size']} per process, "
         f"{r['world_size']} processes): weak-scaling efficiency "
         f"{r['efficiency']['median']:.2f} measured against {r['predicted_efficiency']:.2f} "
-        f"predicted from the all-reduce floor.") for r in weak])
+        f"predicted from the all-reduce floor. "
+        + gustafson(r["world_size"], r["efficiency"]["median"])) for r in weak])
+
+
+def gustafson_serial(scaled_speedup, n):
+    """Gustafson's serial share s (of the N-process time) from a scaled speed-up
+    N - s(N - 1) (Gustafson, 1988): s = (N - scaled speed-up) / (N - 1)."""
+    return (n - scaled_speedup) / (n - 1)
+
+
+def gustafson(n, efficiency):
+    """Weak scaling read with Gustafson's law: the scaled speed-up is N x the efficiency
+    (N processes did N times the one process's work per step)."""
+    scaled = n * efficiency
+    serial = gustafson_serial(scaled, n)
+    said = f"Gustafson's scaled speed-up, N x efficiency = {scaled:.2f}"
+    if serial < 0:
+        return f"{said}, is above N, which N - s(N - 1) cannot give: no serial share."
+    if serial > 1:
+        return (f"{said}, is under 1, which N - s(N - 1) cannot give for a serial share s "
+                f"of at most 1: the time the processes added outgrew the step's work.")
+    return (f"{said}, is N - s(N - 1) with s = {serial:.2f}, the share of the "
+            f"{n}-process step that did not grow with the problem.")
 
 
 def from_scratch(check):
@@ -91,6 +113,12 @@ SOURCE = {"devices": 4, "epoch_hours": (12.0, 3.5), "speedup": 12.0 / 3.5,
 TARGET_FRACTION = 0.98  # time to target: the target is this fraction of the baseline's mean
 
 
+def epoch_seconds(runs):
+    """The seconds of a training epoch, mean over ``runs`` (seeds) of each run's mean
+    epoch after its first (the first also pays for warming up; a one-epoch run keeps it)."""
+    return mean([mean(run.column("epoch_s")[1:] or run.column("epoch_s")) for run in runs])
+
+
 def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_pp"]):
     """1 device against N at the global batch with the learning rate scaled, several seeds
     each (``baseline`` and ``scaled``: lists of Runs). Returns (Findings, table rows)."""
@@ -98,9 +126,7 @@ def same_accuracy_in_less_time(baseline, scaled, tolerance_pp=SOURCE["tolerance_
     base_acc = [run.final["val_acc"] for run in baseline]
     scaled_acc = [run.final["val_acc"] for run in scaled]
     target = round(TARGET_FRACTION * mean(base_acc), 3)
-    epoch_s = {name: mean([mean(run.column("epoch_s")[1:] or run.column("epoch_s"))
-                            for run in runs]) for name, runs in (("base", baseline),
-                                                                 ("scaled", scaled))}
+    epoch_s = {"base": epoch_seconds(baseline), "scaled": epoch_seconds(scaled)}
     reach = {name: [runlog.time_to_accuracy(run, target) for run in runs]
              for name, runs in (("base", baseline), ("scaled", scaled))}
     delta_pp = 100 * (mean(scaled_acc) - mean(base_acc))
@@ -239,3 +265,70 @@ def worked_example_table(rows):
         "accuracy": ("val acc", ".4f"), "delta_pp": ("delta pp", "+.2f"),
         "source_epoch": ("source: per epoch", ""), "source_speedup": ("source: speed-up", ""),
         "source_delta": ("source: accuracy", "")})
+
+
+# Amdahl's law (Amdahl, 1967): if a fraction s of the one-process time does not divide over
+# N processes, they take s + (1 - s) / N of it: speed-up S = 1 / (s + (1 - s) / N), never
+# above 1 / s. Solved for s from one measured S (Karp and Flatt, 1990, proposed it as a
+# measurement): s = (N / S - 1) / (N - 1).
+ALMOST_PARALLEL = 0.05  # a serial fraction up to this: "almost all the work divided"
+PREDICT_AT = (4, 8)     # process counts the fitted law is extrapolated to
+
+
+def serial_fraction(speedup, n):
+    """Amdahl's serial fraction that explains a speed-up ``speedup`` on ``n`` processes."""
+    return (n / speedup - 1) / (n - 1)
+
+
+def amdahl_speedup(serial, n):
+    """Amdahl's speed-up on ``n`` processes for a serial fraction ``serial`` (0 <= s <= 1)."""
+    return 1 / (serial + (1 - serial) / n)
+
+
+def amdahl(baseline, scaled):
+    """Amdahl's law on the promise's own epochs: 1 process against N, the same training set
+    per epoch divided over the N (strong scaling). ``baseline``, ``scaled``: lists of Runs."""
+    n = scaled[0].start["world_size"]
+    if n < 2:
+        return Findings([skipped("amdahl", "the scaled runs had one process: no speed-up to "
+                                           "fit Amdahl's law to (nproc is 1).")])
+    t1, tn = epoch_seconds(baseline), epoch_seconds(scaled)
+    speedup = t1 / tn
+    serial = serial_fraction(speedup, n)
+    measured = (f"An epoch took {t1:.2f} s on 1 process and {tn:.2f} s on {n}: speed-up "
+                f"S = {speedup:.2f}, so Amdahl's serial fraction s = (N/S - 1)/(N - 1) = "
+                f"({n}/{speedup:.3f} - 1)/({n} - 1) = {serial:.2f}.")
+    on_cpu = not str(scaled[0].start["device"]).startswith("cuda")
+    if serial < 0:
+        return Findings([Finding("amdahl", f"{measured} Below 0: faster than {n} times, "
+                                 f"which Amdahl's law cannot give (no work divides better "
+                                 f"than evenly); something else changed, such as each "
+                                 f"process's smaller share of the data fitting its caches. "
+                                 f"No serial fraction, no prediction.", holds=None)])
+    if serial >= 1:
+        return Findings([Finding("amdahl", f"{measured} At 1 or more: the {n} processes "
+                                 f"were no faster than one, so the time that did not shrink "
+                                 f"with N is the whole one-process epoch or more. Serial "
+                                 f"work alone cannot do that (at most all of the work is "
+                                 f"serial, and then S = 1): the overhead outgrew the work, "
+                                 f"time the processes added (the all-reduce, waiting for "
+                                 f"each other"
+                                 + (", sharing the cores the one process had to itself"
+                                    if on_cpu else "") +
+                                 "). No prediction to more processes.", holds=False)])
+    small = serial <= ALMOST_PARALLEL
+    predicted = ", ".join(f"{amdahl_speedup(serial, p):.1f}x on {p}" for p in PREDICT_AT)
+    ceiling = f"the ceiling 1/s = {1 / serial:.1f}x" if serial > 0 else "no ceiling (s = 0)"
+    verdict = (f"at most {ALMOST_PARALLEL}: almost all of the epoch's work divided over the "
+               f"processes." if small else
+               f"above {ALMOST_PARALLEL}: {serial:.0%} of the one-process epoch behaves as "
+               f"serial work, time that did not shrink with N.")
+    caveat = (" On this CPU the processes share its cores, so more processes bring no more "
+              "compute: these are not predictions for this machine."
+              if on_cpu else
+              " A prediction from two points: it holds only while what did not divide stays "
+              "the same size as N grows (the all-reduce changes with N).")
+    return Findings([Finding(
+        "amdahl", f"{measured} s is {verdict} If s stayed the same, Amdahl's law predicts "
+                  f"{predicted}, and {ceiling} however many processes.{caveat}",
+        holds=small)])
