@@ -143,3 +143,14 @@ def ddp_run(tmp_path_factory):
                                  "--out", str(out)])
     assert result.returncode == 0, result.stdout + result.stderr
     return out, result
+
+
+@pytest.fixture(scope="session")
+def notebook_02(tmp_path_factory):
+    """Notebook 02 executed once for the session: ``(runs folder, notebook, its text)``.
+    tests/test_notebook_02.py asserts what it shows; tests/test_bench.py reads the
+    benchmark it ran (bench.json, and the table it printed to bench.txt), which is the
+    benchmark's CPU case that CI needs anyway."""
+    runs = tmp_path_factory.mktemp("02")
+    notebook = execute_notebook("02_from_one_gpu_to_many.ipynb", runs)
+    return runs, notebook, notebook_text_outputs(notebook)

@@ -16,7 +16,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import workshop_lib.bench.__main__ as command
-from conftest import run_course_command
 from workshop_lib import allreduce_model, data, distributed, profile, stopwatch, train, train_ddp
 from workshop_lib.bench import analyse, measure, plan, solo
 
@@ -38,13 +37,11 @@ def shown(stats, spec, scale=1.0):
 
 
 @pytest.fixture(scope="module")
-def quick_bench(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    # The CPU case on every machine (2 gloo ranks), as CI runs it, GPUs or not.
-    result = run_course_command(["-m", "workshop_lib.bench", "--quick", "--device", "cpu",
-                                 "--out", str(out)], timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text()), result.stdout
+def quick_bench(notebook_02):
+    """The benchmark notebook 02 ran: ``python -m workshop_lib.bench --quick`` on the CPU
+    with 2 gloo ranks (the CPU profile's), its JSON and the table it printed."""
+    runs, _, _ = notebook_02
+    return json.loads((runs / "bench.json").read_text()), (runs / "bench.txt").read_text()
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ import html as html_module
 
 import pytest
 
-from conftest import execute_notebook, notebook_text_outputs
 from workshop_lib import ddp_diff, profile, runlog
 from workshop_lib.findings import from_one_gpu_to_many as nb02
 
@@ -15,10 +14,8 @@ SEEDS = 3
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("02")
-    notebook = execute_notebook("02_from_one_gpu_to_many.ipynb", runs)
-    return runs, notebook, notebook_text_outputs(notebook)
+def executed(notebook_02):
+    return notebook_02
 
 
 def test_every_exercise_passes_with_its_reference_solution(executed):

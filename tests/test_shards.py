@@ -1,12 +1,13 @@
 """Record shards: split across ranks each epoch, reshuffled, equal steps on every rank, and
-TFRecord files (written here without TensorFlow) read into the same shards."""
+TFRecord files (written here without TensorFlow) read into the same shards. (A real DDP
+job reading shards, against one in memory: notebook 06, tests/test_notebook_06.py.)"""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import run_course_command
-from workshop_lib import data, runlog, shards
+from workshop_lib import data, shards
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 N, BATCH = 500, 16
@@ -95,28 +96,6 @@ def test_tfrecord_files_written_without_tensorflow_read_back_the_same_samples(tm
     assert result.returncode == 0, result.stderr
     train, _, info = data.load(data_dir=tmp_path / "shards", data_format="shards")
     assert len(train) == 50 and (info.in_channels, info.image_size) == (1, 8)
-
-
-@pytest.mark.slow
-def test_a_sharded_ddp_run_and_an_in_memory_one_both_learn(tmp_path):
-    folder = tmp_path / "shards"
-    assert run_course_command(["-m", "workshop_lib.data", "shards", "digits", "--out",
-                               str(folder), "--num-shards", "5"]).returncode == 0
-    common = ["--device", "cpu", "--epochs", "6", "--batch-size", "32", "--seed", "0",
-              "--no-progress"]
-    for name, flags in (("shards", ["--data-format", "shards", "--data-dir", str(folder)]),
-                        ("memory", ["--dataset", "digits"])):
-        result = run_course_command(["torchrun", "--standalone", "--nproc-per-node=2", "-m",
-                                     "workshop_lib.train_ddp", *common, *flags, "--out",
-                                     str(tmp_path / name)], timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        run = runlog.read(tmp_path / name)
-        assert run.final["val_acc"] >= 0.95, (name, run.column("val_acc"))
-        assert run.final["val_samples"] == 359, "every validation sample counted once"
-    sharded = runlog.read(tmp_path / "shards")
-    # 5 shards over 2 ranks: equal steps, as many as the rank with 2 shards can fill.
-    counts = sorted(shards.read_index(folder)["train"])
-    assert sharded.start["steps_per_epoch"] == (counts[0] + counts[1]) // 32
 
 
 def test_no_shards_is_one_clear_error(tmp_path, capsys):
