@@ -28,10 +28,15 @@ def test_both_feeds_train_the_same_steps_in_alternating_rounds():
             timing["samples"] / stopwatch.summary(timing["seconds"])["median"]
 
 
-def test_an_epoch_shorter_than_the_steps_asked_caps_them():
-    model, optimizer, dataset = small_job(samples=10)  # two full batches of 4
-    assert input_pipeline.feeds(model, optimizer, dataset, 4, torch.device("cpu"),
-                                steps=50, rounds=1)["steps"] == 2
+def test_the_steps_run_on_into_the_next_epoch():
+    model, optimizer, dataset = small_job(samples=10)  # two full batches of 4 an epoch
+    batches = []
+    model.register_forward_hook(lambda module, inputs, output: batches.append(len(inputs[0])))
+    measured = input_pipeline.feeds(model, optimizer, dataset, 4, torch.device("cpu"),
+                                    steps=5, rounds=1)
+    assert measured["steps"] == 5 and measured["timings"]["data_loader"]["samples"] == 20
+    # Each feed: a warm-up call, the bench's sizing call, one round; 5 full batches a call.
+    assert batches == [4] * (2 * 3 * 5)
 
 
 def test_the_course_step_on_the_course_data():

@@ -41,7 +41,7 @@ def host_data_loader(dataset, batch_size, device, seed=0):
 def measure(model_name, dataset_name, batch_size, device, lr=0.01, steps=STEPS,
             rounds=ROUNDS):
     """samples/s of ``train_step`` fed by ``host_data_loader`` and by the device-resident
-    ``TensorLoader``, the same ``steps`` steps per round (fewer when an epoch is shorter)."""
+    ``TensorLoader``, the same ``steps`` steps (full batches) per round."""
     device = hardware.pick_device(device)
     train_set, _, info = data.load(dataset_name)
     torch.manual_seed(0)
@@ -60,11 +60,14 @@ def feeds(model, optimizer, train_set, batch_size, device, steps=STEPS, rounds=R
             drop_last=True),
         "data_loader": host_data_loader(train_set, batch_size, device),
     }
-    steps = min(steps, *(len(loader) for loader in loaders.values()))
 
     def feed(loader):
+        # One stream of batches across the rounds, epoch after epoch: each epoch's own
+        # start (a new order, a new iterator) counts once per epoch, as in training.
+        stream = itertools.chain.from_iterable(itertools.repeat(loader))
+
         def some_steps():
-            for x, y in itertools.islice(loader, steps):
+            for x, y in itertools.islice(stream, steps):
                 # No-ops for the resident batches; from pinned memory, asynchronous copies.
                 train_step(model, optimizer, x.to(device, non_blocking=True),
                            y.to(device, non_blocking=True))
