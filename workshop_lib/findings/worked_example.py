@@ -152,10 +152,11 @@ def input_bound(measured):
     bound = wait > INPUT_WAIT
     pinned = "pinned" if measured["pin_memory"] else "not pinned"
     return Findings([Finding(
-        "input_bound", f"On {measured['device']}, the course's step fed by a DataLoader "
+        "input_bound", f"The course's step fed by a DataLoader "
                        f"(num_workers={measured['num_workers']}, batches {pinned}) trained "
-                       f"{rates['data_loader']:,.0f} samples/s, fed from the device "
-                       f"{rates['resident']:,.0f}: {wait:.0%} of its step time waited for "
+                       f"{rates['data_loader']:,.0f} samples/s, and "
+                       f"{rates['resident']:,.0f} fed by the TensorLoader from data already on "
+                       f"{measured['device']}: {wait:.0%} of its step time waited for "
                        f"input (1 - the ratio of the rates; the bar {INPUT_WAIT:.0%}), so "
                        + ("this job is input-bound with that DataLoader."
                           if bound else "the input is not what limits this job here."),
