@@ -306,6 +306,24 @@ def test_dataparallel_and_step_time_verdicts():
     assert "exposed is 2.0x it" in nb05.step_time(summary)["step_time"].text
 
 
+
+def test_input_bound_judges_the_share_of_the_step_spent_waiting():
+    measured = {"device": "cuda:0", "num_workers": 0, "pin_memory": True,
+                "samples_per_s": {"resident": 10000.0, "data_loader": 4000.0}}
+    found = nb05.input_bound(measured)["input_bound"]
+    # 1 - 4000/10000: 60% of the DataLoader-fed step waited, above the 20% bar.
+    assert found.holds and "60% of its step time" in found.text and "pinned" in found.text
+    assert "is input-bound" in found.text
+    measured.update(pin_memory=False, samples_per_s={"resident": 10000.0, "data_loader": 9000.0})
+    found = nb05.input_bound(measured)["input_bound"]
+    assert not found.holds and "10% of its step time" in found.text
+    assert "not pinned" in found.text and "not what limits" in found.text
+    # Just either side of the bar.
+    measured["samples_per_s"]["data_loader"] = 7900.0
+    assert nb05.input_bound(measured)["input_bound"].holds
+    measured["samples_per_s"]["data_loader"] = 8100.0
+    assert not nb05.input_bound(measured)["input_bound"].holds
+
 # -- Notebook 07 ---------------------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from conftest import REPO
-from workshop_lib import data, equivalence, models, train, train_ddp
+from workshop_lib import data, equivalence, input_pipeline, models, train, train_ddp
 from workshop_lib.precision import PLAIN
 from workshop_lib.trace import capture
 
@@ -225,6 +225,17 @@ def trace_step(device, monkeypatch, tmp_path):
         assert len(seconds) == 2
 
 
+def input_feeds(device, monkeypatch, tmp_path):
+    """``workshop_lib.input_pipeline``: the step fed by the host DataLoader and by the
+    device-resident loader (notebook 05's input-bound check)."""
+    train_set, _, info = data.load("digits")
+    torch.manual_seed(0)
+    model = models.build("cnn", info).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    measured = input_pipeline.feeds(model, optimizer, train_set, 32, device, steps=2, rounds=1)
+    assert measured["steps"] == 2
+
+
 def equivalence_helpers(device, monkeypatch, tmp_path):
     """``workshop_lib.equivalence``: the ranks' batches, DDP against one process for each
     variant (SyncBatchNorm included: without a process group it normalises as BatchNorm
@@ -285,6 +296,7 @@ CASES = {
         ASSESSMENT_NOTEBOOK, "train_digits_ddp.py", assessment_functions, syspath=ASSESSMENT),
     "trace: the profiled step": trace_step,
     "equivalence: DDP against one process, accumulation": equivalence_helpers,
+    "input pipeline: a DataLoader against the resident loader": input_feeds,
 }
 
 

@@ -53,3 +53,13 @@ def test_accumulation_the_exercise_and_the_trace(executed):
     assert found["step_time"].text in text
     if P.nproc > 1:  # the trace fitted the all-reduce floor on its own ranks
         assert trace["floor"]["floor_ms"] > 0 and "The all-reduce floor for" in text
+
+
+def test_the_input_bound_check_measures_both_feeds_and_says_so_twice(executed):
+    runs, text = executed
+    measured = runlog.load_json(runs / "input_feed.json")
+    assert measured["num_workers"] == 0 and measured["pin_memory"] is False  # the CPU profile
+    assert measured["steps"] > 0 and all(r > 0 for r in measured["samples_per_s"].values())
+    sentence = nb05.input_bound(measured)["input_bound"].text
+    # In the section's own cell and in the closing summary.
+    assert text.count(sentence) == 2, sentence

@@ -40,6 +40,7 @@ Measurements
 - ``trace``          ``python -m workshop_lib.trace``: where a DDP step's time goes
 - ``equivalence``    ranks against one process (BatchNorm), micro-batches against one batch
 - ``dataparallel``   ``nn.DataParallel`` against DDP on the same GPUs
+- ``input_pipeline`` a step fed by a DataLoader against data on the device (notebook 05)
 - ``naive_ddp``      data parallelism from two collectives, checked against DDP
 - ``uneven_inputs``  ranks with unequal batches: the hang, equal steps and ``Join`` (notebook 06)
 - ``inside_ddp``     overlap, buckets and ZeRO-1, built and checked (notebook 07)

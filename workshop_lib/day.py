@@ -99,8 +99,9 @@ SESSIONS = (
             Budget(reading=12, exercises=15, cpu_run=12, gpu_run=8)),
     Session("notebooks/05_worked_example.ipynb",
             "mixed precision, memory and its remedies, gradient accumulation, DataParallel "
-            "against DDP, a step's profile; fit global batch 256 where only 64 fits",
-            (60, 60), Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
+            "against DDP, a step's profile, an input-bound DataLoader; fit global batch 256 "
+            "where only 64 fits",
+            (60, 60), Budget(reading=17, exercises=20, cpu_run=20, gpu_run=10)),
     Session("assessment/release/ddp_refactor/ddp_refactor.ipynb",
             "convert another single-device script yourself; graded by what your job does",
             (60, 90), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),

@@ -139,3 +139,25 @@ def step_time(summary, floor_ms=None):
                     "for a core), not bytes moving."
                     if rank0["exposed_ms"] > 1.5 * floor_ms else "."))
     return Findings([Finding("step_time", said, holds=holds)])
+
+
+INPUT_WAIT = 0.2  # input-bound: more than this share of the step spent waiting for input
+
+
+def input_bound(measured):
+    """``input_pipeline.measure``'s figures: the step fed by a ``num_workers=0`` DataLoader
+    against the device-resident loader. ``holds``: the DataLoader-fed job is input-bound."""
+    rates = measured["samples_per_s"]
+    wait = 1 - rates["data_loader"] / rates["resident"]
+    bound = wait > INPUT_WAIT
+    pinned = "pinned" if measured["pin_memory"] else "not pinned"
+    return Findings([Finding(
+        "input_bound", f"The course's step fed by a DataLoader "
+                       f"(num_workers={measured['num_workers']}, batches {pinned}) trained "
+                       f"{rates['data_loader']:,.0f} samples/s, and "
+                       f"{rates['resident']:,.0f} fed by the TensorLoader from data already on "
+                       f"{measured['device']}: {wait:.0%} of its step time waited for "
+                       f"input (1 - the ratio of the rates; the bar {INPUT_WAIT:.0%}), so "
+                       + ("this job is input-bound with that DataLoader."
+                          if bound else "the input is not what limits this job here."),
+        holds=bound)])
