@@ -2,6 +2,7 @@
 check fails its stub with the stated reason and passes its reference solution."""
 import ast
 import re
+import shlex
 
 import nbformat
 import pytest
@@ -357,11 +358,87 @@ def test_the_challenge_refuses_flags_that_set_its_budget_before_training(flags, 
 
 def test_the_challenges_own_answers_set_no_budget_flag():
     _, _, common = challenge.settings(profile.get_profile("cpu", "digits"), 16)
+    budget = challenge.budget_options(common)
     for answer in [challenge.STUB, challenge.REFERENCE, *challenge.earlier_runs()]:
-        assert challenge.refusal(answer, common) is None, answer
+        for flags in answer.values():
+            assert not challenge._options_set_by(flags.split()) & budget, answer
+    assert challenge.refusal(challenge.REFERENCE, common) is None
     assert "--lr 0.2" in " ".join(common), "the challenge sits at section 2's hot rate"
     for answer, words in challenge.budget_overrides():
         assert words in challenge.refusal(answer, common)
+
+
+def sweep_cells_before(notebook, exercise_cell):
+    """{sweep folder: {variant: flags}} of the %%bash sweep cells before the exercise's, and
+    each cell's common flags (after ``--``), as the cells write them."""
+    sweeps, commons = {}, []
+    for source in cells(notebook):
+        if exercise_cell in source:
+            return sweeps, commons
+        if source.startswith("%%bash") and "workshop_lib.sweep" in source:
+            argv = shlex.split(source.removeprefix("%%bash").replace("\\\n", " "))
+            own, common = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+            folder = own[own.index("--out") + 1].rpartition("/")[2]
+            sweeps[folder] = dict(own[i + 1].split("=", 1) for i, word in enumerate(own)
+                                  if word == "--variant")
+            commons.append(common)
+    raise AssertionError(f"no cell of {notebook} holds {exercise_cell!r}")
+
+
+def test_the_challenges_earlier_runs_are_notebook_03s_sweep_cells():
+    """The refusal reads challenge.NOTEBOOK_SWEEPS: it must be every variant of every sweep
+    cell above the challenge, as written, and each cell's common flags only budget (the
+    check sets those itself, so the variant is what a learner could copy)."""
+    sweeps, commons = sweep_cells_before("03_keeping_accuracy_at_scale",
+                                         'labs.check("challenge"')
+    assert sweeps == challenge.NOTEBOOK_SWEEPS
+    assert set(sweeps) == set(challenge.SECTIONS)
+    _, _, common = challenge.settings(profile.get_profile("cpu", "digits"), 16)
+    budget = challenge.budget_options(common)
+    values = {"DEVICE": "cpu", "DATASET": "digits", "MODEL": "cnn"}
+    for flags in commons:
+        given = [re.sub(r"\$(\w+)", lambda m: values.get(m[1], "1"), word) for word in flags]
+        assert challenge._options_set_by(given) <= budget, flags
+
+
+CHALLENGE_COMMON = challenge.settings(profile.get_profile("cpu", "digits"), 16)[2]
+EARLIER = [(sweep, variant) for sweep, variants in challenge.NOTEBOOK_SWEEPS.items()
+           for variant in variants]
+
+
+@pytest.mark.parametrize("sweep,variant", EARLIER)
+def test_the_challenge_refuses_each_run_the_notebook_made_before_it_naming_it(sweep, variant):
+    """Refused before anything trains (no baselines passed: a check that trained would take
+    minutes here), with the run it copies and what to change."""
+    flags = challenge.NOTEBOOK_SWEEPS[sweep][variant]
+    answer = {"mine": re.sub(r"--batch-size \$\w+ ?", "", flags)}
+    verdict = challenge.check(answer)
+    assert not verdict.ok and "\n" not in verdict.reason
+    assert f"{challenge.SECTIONS[sweep]}'s {variant}" in verdict.reason, verdict.reason
+    assert "change its rule, warmup, optimizer, schedule or momentum" in verdict.reason
+
+
+@pytest.mark.parametrize("flags,copied", [
+    ("--optimizer lars --lr-scaling linear", "large_lars"),             # another order
+    ("--lr-scal sqrt", "large_sqrt"),                                  # abbreviated
+    ("--lr-scaling=linear --warmup-epochs=3.0", "large_linear_warmup"),  # =value, 3.0
+    ("--lr-scaling sqrt --momentum 0.9 --schedule cosine", "large_sqrt"),  # defaults restated
+    ("--lr-scaling sqrt --target-accuracy 0.9 --patience 2", "large_sqrt"),  # cut short
+    ("--momentum=0.9", "large_same_lr"),                               # the defaults
+    ("", "large_same_lr"),
+])
+def test_the_challenge_refuses_an_earlier_run_however_it_is_spelled(flags, copied):
+    verdict = challenge.check({"fine": "--lr-scaling sqrt --warmup-epochs 2", "copy": flags})
+    assert not verdict.ok and "run 'copy' repeats" in verdict.reason, verdict.reason
+    assert f"'s {copied}" in verdict.reason
+
+
+@pytest.mark.parametrize("flags", [
+    challenge.REFERENCE["sqrt_warmup"], "--lr-scaling linear --warmup-epochs 5",
+    "--lr-scaling linear --momentum 0.8", "--lr-scaling sqrt --schedule constant",
+    "--lr-scaling linear --optimizer lars --warmup-epochs 3", "--lr-scaling none --weight-decay 0"])
+def test_the_challenge_lets_a_genuinely_different_run_through(flags):
+    assert challenge.refusal({"mine": flags}, CHALLENGE_COMMON) is None
 
 
 def test_labs_check_fails_an_exercise_that_passes_an_earlier_run_or_takes_an_override():
