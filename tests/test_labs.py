@@ -228,47 +228,45 @@ def runs_before(notebook, exercise_cell):
     raise AssertionError(f"no cell of {notebook} holds {exercise_cell!r}")
 
 
-def test_notebook_05s_runs_before_its_exercise_do_not_pass_it():
-    """The exercise asks for a decision: no run the notebook made above it is its answer,
-    at any profile's batch (the remedies run at 4x the profile's batch: at batch 64 that is
-    the exercise's own global batch 256)."""
+def test_fit_in_memorys_earlier_runs_are_notebook_05s_sweep_cells():
+    """prove_rules fails fit_in_memory on worked_example.NOTEBOOK_RUNS: it must hold every
+    run the notebook's sweep cells launch above the exercise, read as train.py reads the
+    flags (a cell's common flags included), at any profile's batch."""
     from workshop_lib import plans, profile
     from workshop_lib.labs import worked_example as fit
 
     runs = runs_before("05_worked_example", 'labs.check("fit_in_memory"')
-    assert {"fp32", "bf16", "fp16", "plain", "smaller_batch_accumulate",
-            "checkpointing"} <= set(runs)
+    listed = {name: flags for variants in fit.NOTEBOOK_RUNS.values()
+              for name, flags in variants.items()}
+    assert set(runs) == set(listed)
     parser = fit.training_parser()
-    tried = set()
     for batch in sorted({sizes.batch_size for sizes in profile.SIZES.values()}):
         values = {"DEVICE": "cpu", "DATASET": "digits", "MODEL": "cnn", "BATCH_SIZE": batch,
                   "BIG_BATCH": plans.REMEDY_SCALE * batch}
+
+        def chosen(argv, values=values):
+            args = parser.parse_args(re.sub(r"\$(\w+)", lambda m: str(values.get(m[1], 1)),
+                                            argv).split())
+            return {dest: getattr(args, dest) for dest in fit.CHOICES}
+
         for name, argv in runs.items():
-            argv = re.sub(r"\$(\w+)", lambda m, v=values: str(v.get(m[1], 1)), argv)
-            args = parser.parse_args(argv.split())
-            flags = (f"--batch-size {args.batch_size} --accumulate {args.accumulate} "
-                     f"--amp {args.amp}" + " --grad-checkpointing" * args.grad_checkpointing)
-            if flags not in tried:
-                tried.add(flags)
-                verdict = fit.check(flags)
-                assert not verdict.ok, (name, batch, flags)
-    assert "--batch-size 64 --accumulate 4 --amp off" in tried  # the remedy closest to it
+            assert fit.as_flags(chosen(argv)) in fit.earlier_runs(), (name, batch)
+            assert chosen(argv) == chosen(listed[name]), name
+    assert "--batch-size 64 --accumulate 4 --amp off" in fit.earlier_runs()  # the closest
 
 
-@pytest.mark.parametrize("flags,named", [
-    ("--batch-size 128 --accumulate 2 --grad-checkpointing --epochs 30", "--epochs"),
-    ("--batch-size 128 --ep=30 --accumulate 2 --grad-checkpointing", "--epochs"),
-    ("--lr 0.1 --batch-size 128 --accumulate 2 --grad-checkpointing", "--lr"),
-    ("--batch-size 128 --accumulate 2 --grad-checkpointing --model wrn-16-4", "--model"),
-    ("--batch-size 128 --accumulate 2 --grad-checkpointing --dataset fashion-mnist",
-     "--dataset"),
-])
-def test_the_fit_in_memory_budget_cannot_be_overridden(flags, named):
+def test_fit_in_memory_refuses_every_earlier_run_and_budget_override_before_training():
+    """What `labs check` proves for fit_in_memory, without its trainings: each is refused by
+    the precheck (no run trains), on one line."""
     from workshop_lib.labs import worked_example as fit
+    from workshop_lib.labs.__main__ import prove_rules
 
-    verdict = fit.check(flags)
-    assert not verdict.ok and "\n" not in verdict.reason
-    assert verdict.reason.startswith(f"{named} is the exercise's budget"), verdict.reason
+    for flags in fit.earlier_runs():
+        assert fit.precheck(flags), flags
+    for flags, words in fit.budget_overrides():
+        refused = fit.precheck(flags)
+        assert refused.startswith(words) and "\n" not in refused, refused
+    assert prove_rules(EXERCISES["fit_in_memory"]) == []
 
 
 def test_fit_in_memory_refuses_more_than_two_micro_batches_and_bf16_alone():
