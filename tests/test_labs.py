@@ -455,3 +455,39 @@ def test_labs_check_fails_an_exercise_that_passes_an_earlier_run_or_takes_an_ove
     plain = labs.Exercise("k", "nb", "t", "w", check, stub=lambda: "stub",
                           solution=lambda: "solution", stub_reason="not it")
     assert prove(plain)[3] == []  # the defaults: no earlier runs, nothing to refuse
+
+
+def test_stuck_ranks_fails_the_stack_dumps_top_frames_which_are_torchs_not_the_scripts():
+    """Copying each dump's first line (torch's work.wait(), its line number in
+    distributed_c10d.py, or the logger's wrapper) is not finding the script's line."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+    from workshop_lib.labs.__main__ import prove_rules
+
+    answers = debugging.top_frames()
+    assert all(line > len(debugging.stub_lines()) for line in answers[0].values())
+    for answer in answers:
+        verdict = labs.get("stuck_ranks").check(answer)
+        assert not verdict.ok and "names no single collective" in verdict.reason, answer
+    assert prove_rules(EXERCISES["stuck_ranks"]) == []
+
+
+def test_debugging_refuses_the_cut_down_script_before_launching_it(monkeypatch, tmp_path):
+    """The excerpt the notebook ran under DETAIL, as it is or re-commented, is refused
+    without a torchrun launch (run_job would fail the test)."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+    from workshop_lib.labs.__main__ import prove_rules
+
+    def no_launch(*_, **__):
+        raise AssertionError("launched the cut-down script")
+
+    monkeypatch.setattr(debugging, "run_job", no_launch)
+    excerpt = debugging.mismatch_script(tmp_path / "a.py")
+    recommented = tmp_path / "b.py"
+    recommented.write_text("# my fix\n" + excerpt.read_text()
+                           .replace("import torch\n", "\nimport torch  # ?\n")
+                           .replace("dist.barrier()", "dist.barrier( )  # ?"))
+    for path in (excerpt, recommented):
+        verdict = debugging.check(path)
+        assert not verdict.ok and "cut-down script" in verdict.reason, verdict.reason
+    assert prove_rules(EXERCISES["debugging"]) == []
+    assert not debugging.same_code(excerpt.read_text(), (FILES / "debugging_stub.py").read_text())
