@@ -28,10 +28,13 @@ import tempfile
 from pathlib import Path
 
 from workshop_lib import cli, profile, runlog, sweep
-from workshop_lib.findings.keeping_accuracy_at_scale import COLLAPSE_PP, settled, worst_fall
+from workshop_lib.findings.keeping_accuracy_at_scale import (
+    COLLAPSE_PP,
+    TARGET_FRACTION,
+    settled,
+    worst_fall,
+)
 from workshop_lib.labs import Exercise, Verdict, register
-
-TARGET_FRACTION = 0.98  # of the small batch's final validation accuracy
 
 
 def settings(p, batch_scale, epochs=None, hot_factor=None):
@@ -79,6 +82,7 @@ NOTEBOOK_SWEEPS = {
         "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs 3",
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
         "large_lars": "--batch-size $LARGE --lr-scaling linear --optimizer lars",
+        "large_sqrt_stop": "--batch-size $LARGE --lr-scaling sqrt --target-accuracy $STOP_AT",
     },
 }
 SECTIONS = {"base_lr": "section 1", "hot_lr": "section 2"}
