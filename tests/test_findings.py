@@ -676,3 +676,24 @@ def test_the_vocabulary_table_follows_the_runs_world_size_and_nodes(world_size, 
     assert all(r["world_size"] == world_size for r in rows)
     for word in ("node", "world size", "global rank", "local rank"):
         assert word in text
+
+
+FULL = [0.5, 0.8, 0.9, 0.96, 0.97, 0.98, 0.98, 0.99, 0.99, 0.99]
+
+
+@pytest.mark.parametrize("stopped,holds,words", [
+    (FULL[:5], True, "after epoch 5 of 10, 5.0 s of training against 10.0 s"),
+    (FULL, False, "never reached it"),                 # ran the whole budget
+    ([0.5, 0.8, 0.9, 0.94], False, "never reached it"),  # ended short, below the target
+])
+def test_early_stopping_is_called_so_only_when_the_run_reached_its_target_before_the_end(
+        stopped, holds, words):
+    found = nb03.early_stopping(run(stopped), run(FULL), 0.97)["early_stopping"]
+    assert found.holds is holds and words in found.text, found.text
+    if holds:
+        assert "5.0 s (50%) saved" in found.text and "epoch for epoch" in found.text
+
+
+def test_early_stopping_says_when_the_stopped_curve_is_not_the_full_runs():
+    found = nb03.early_stopping(run([0.5, 0.97]), run([0.5, 0.9, 0.97]), 0.97)["early_stopping"]
+    assert found.holds and "differ by up to 7.0 pp" in found.text, found.text

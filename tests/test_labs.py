@@ -2,6 +2,7 @@
 check fails its stub with the stated reason and passes its reference solution."""
 import ast
 import re
+import shlex
 
 import nbformat
 import pytest
@@ -227,47 +228,45 @@ def runs_before(notebook, exercise_cell):
     raise AssertionError(f"no cell of {notebook} holds {exercise_cell!r}")
 
 
-def test_notebook_05s_runs_before_its_exercise_do_not_pass_it():
-    """The exercise asks for a decision: no run the notebook made above it is its answer,
-    at any profile's batch (the remedies run at 4x the profile's batch: at batch 64 that is
-    the exercise's own global batch 256)."""
+def test_fit_in_memorys_earlier_runs_are_notebook_05s_sweep_cells():
+    """prove_rules fails fit_in_memory on worked_example.NOTEBOOK_RUNS: it must hold every
+    run the notebook's sweep cells launch above the exercise, read as train.py reads the
+    flags (a cell's common flags included), at any profile's batch."""
     from workshop_lib import plans, profile
     from workshop_lib.labs import worked_example as fit
 
     runs = runs_before("05_worked_example", 'labs.check("fit_in_memory"')
-    assert {"fp32", "bf16", "fp16", "plain", "smaller_batch_accumulate",
-            "checkpointing"} <= set(runs)
+    listed = {name: flags for variants in fit.NOTEBOOK_RUNS.values()
+              for name, flags in variants.items()}
+    assert set(runs) == set(listed)
     parser = fit.training_parser()
-    tried = set()
     for batch in sorted({sizes.batch_size for sizes in profile.SIZES.values()}):
         values = {"DEVICE": "cpu", "DATASET": "digits", "MODEL": "cnn", "BATCH_SIZE": batch,
                   "BIG_BATCH": plans.REMEDY_SCALE * batch}
+
+        def chosen(argv, values=values):
+            args = parser.parse_args(re.sub(r"\$(\w+)", lambda m: str(values.get(m[1], 1)),
+                                            argv).split())
+            return {dest: getattr(args, dest) for dest in fit.CHOICES}
+
         for name, argv in runs.items():
-            argv = re.sub(r"\$(\w+)", lambda m, v=values: str(v.get(m[1], 1)), argv)
-            args = parser.parse_args(argv.split())
-            flags = (f"--batch-size {args.batch_size} --accumulate {args.accumulate} "
-                     f"--amp {args.amp}" + " --grad-checkpointing" * args.grad_checkpointing)
-            if flags not in tried:
-                tried.add(flags)
-                verdict = fit.check(flags)
-                assert not verdict.ok, (name, batch, flags)
-    assert "--batch-size 64 --accumulate 4 --amp off" in tried  # the remedy closest to it
+            assert fit.as_flags(chosen(argv)) in fit.earlier_runs(), (name, batch)
+            assert chosen(argv) == chosen(listed[name]), name
+    assert "--batch-size 64 --accumulate 4 --amp off" in fit.earlier_runs()  # the closest
 
 
-@pytest.mark.parametrize("flags,named", [
-    ("--batch-size 128 --accumulate 2 --grad-checkpointing --epochs 30", "--epochs"),
-    ("--batch-size 128 --ep=30 --accumulate 2 --grad-checkpointing", "--epochs"),
-    ("--lr 0.1 --batch-size 128 --accumulate 2 --grad-checkpointing", "--lr"),
-    ("--batch-size 128 --accumulate 2 --grad-checkpointing --model wrn-16-4", "--model"),
-    ("--batch-size 128 --accumulate 2 --grad-checkpointing --dataset fashion-mnist",
-     "--dataset"),
-])
-def test_the_fit_in_memory_budget_cannot_be_overridden(flags, named):
+def test_fit_in_memory_refuses_every_earlier_run_and_budget_override_before_training():
+    """What `labs check` proves for fit_in_memory, without its trainings: each is refused by
+    the precheck (no run trains), on one line."""
     from workshop_lib.labs import worked_example as fit
+    from workshop_lib.labs.__main__ import prove_rules
 
-    verdict = fit.check(flags)
-    assert not verdict.ok and "\n" not in verdict.reason
-    assert verdict.reason.startswith(f"{named} is the exercise's budget"), verdict.reason
+    for flags in fit.earlier_runs():
+        assert fit.precheck(flags), flags
+    for flags, words in fit.budget_overrides():
+        refused = fit.precheck(flags)
+        assert refused.startswith(words) and "\n" not in refused, refused
+    assert prove_rules(EXERCISES["fit_in_memory"]) == []
 
 
 def test_fit_in_memory_refuses_more_than_two_micro_batches_and_bf16_alone():
@@ -357,11 +356,87 @@ def test_the_challenge_refuses_flags_that_set_its_budget_before_training(flags, 
 
 def test_the_challenges_own_answers_set_no_budget_flag():
     _, _, common = challenge.settings(profile.get_profile("cpu", "digits"), 16)
+    budget = challenge.budget_options(common)
     for answer in [challenge.STUB, challenge.REFERENCE, *challenge.earlier_runs()]:
-        assert challenge.refusal(answer, common) is None, answer
+        for flags in answer.values():
+            assert not challenge._options_set_by(flags.split()) & budget, answer
+    assert challenge.refusal(challenge.REFERENCE, common) is None
     assert "--lr 0.2" in " ".join(common), "the challenge sits at section 2's hot rate"
     for answer, words in challenge.budget_overrides():
         assert words in challenge.refusal(answer, common)
+
+
+def sweep_cells_before(notebook, exercise_cell):
+    """{sweep folder: {variant: flags}} of the %%bash sweep cells before the exercise's, and
+    each cell's common flags (after ``--``), as the cells write them."""
+    sweeps, commons = {}, []
+    for source in cells(notebook):
+        if exercise_cell in source:
+            return sweeps, commons
+        if source.startswith("%%bash") and "workshop_lib.sweep" in source:
+            argv = shlex.split(source.removeprefix("%%bash").replace("\\\n", " "))
+            own, common = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+            folder = own[own.index("--out") + 1].rpartition("/")[2]
+            sweeps[folder] = dict(own[i + 1].split("=", 1) for i, word in enumerate(own)
+                                  if word == "--variant")
+            commons.append(common)
+    raise AssertionError(f"no cell of {notebook} holds {exercise_cell!r}")
+
+
+def test_the_challenges_earlier_runs_are_notebook_03s_sweep_cells():
+    """The refusal reads challenge.NOTEBOOK_SWEEPS: it must be every variant of every sweep
+    cell above the challenge, as written, and each cell's common flags only budget (the
+    check sets those itself, so the variant is what a learner could copy)."""
+    sweeps, commons = sweep_cells_before("03_keeping_accuracy_at_scale",
+                                         'labs.check("challenge"')
+    assert sweeps == challenge.NOTEBOOK_SWEEPS
+    assert set(sweeps) == set(challenge.SECTIONS)
+    _, _, common = challenge.settings(profile.get_profile("cpu", "digits"), 16)
+    budget = challenge.budget_options(common)
+    values = {"DEVICE": "cpu", "DATASET": "digits", "MODEL": "cnn"}
+    for flags in commons:
+        given = [re.sub(r"\$(\w+)", lambda m: values.get(m[1], "1"), word) for word in flags]
+        assert challenge._options_set_by(given) <= budget, flags
+
+
+CHALLENGE_COMMON = challenge.settings(profile.get_profile("cpu", "digits"), 16)[2]
+EARLIER = [(sweep, variant) for sweep, variants in challenge.NOTEBOOK_SWEEPS.items()
+           for variant in variants]
+
+
+@pytest.mark.parametrize("sweep,variant", EARLIER)
+def test_the_challenge_refuses_each_run_the_notebook_made_before_it_naming_it(sweep, variant):
+    """Refused before anything trains (no baselines passed: a check that trained would take
+    minutes here), with the run it copies and what to change."""
+    flags = challenge.NOTEBOOK_SWEEPS[sweep][variant]
+    answer = {"mine": re.sub(r"\$\w+", "0.97", re.sub(r"--batch-size \$\w+ ?", "", flags))}
+    verdict = challenge.check(answer)
+    assert not verdict.ok and "\n" not in verdict.reason
+    assert f"{challenge.SECTIONS[sweep]}'s {variant}" in verdict.reason, verdict.reason
+    assert "change its rule, warmup, optimizer, schedule or momentum" in verdict.reason
+
+
+@pytest.mark.parametrize("flags,copied", [
+    ("--optimizer lars --lr-scaling linear", "large_lars"),             # another order
+    ("--lr-scal sqrt", "large_sqrt"),                                  # abbreviated
+    ("--lr-scaling=linear --warmup-epochs=3.0", "large_linear_warmup"),  # =value, 3.0
+    ("--lr-scaling sqrt --momentum 0.9 --schedule cosine", "large_sqrt"),  # defaults restated
+    ("--lr-scaling sqrt --target-accuracy 0.9 --patience 2", "large_sqrt"),  # cut short
+    ("--momentum=0.9", "large_same_lr"),                               # the defaults
+    ("", "large_same_lr"),
+])
+def test_the_challenge_refuses_an_earlier_run_however_it_is_spelled(flags, copied):
+    verdict = challenge.check({"fine": "--lr-scaling sqrt --warmup-epochs 2", "copy": flags})
+    assert not verdict.ok and "run 'copy' repeats" in verdict.reason, verdict.reason
+    assert f"'s {copied}" in verdict.reason
+
+
+@pytest.mark.parametrize("flags", [
+    challenge.REFERENCE["sqrt_warmup"], "--lr-scaling linear --warmup-epochs 5",
+    "--lr-scaling linear --momentum 0.8", "--lr-scaling sqrt --schedule constant",
+    "--lr-scaling linear --optimizer lars --warmup-epochs 3", "--lr-scaling none --weight-decay 0"])
+def test_the_challenge_lets_a_genuinely_different_run_through(flags):
+    assert challenge.refusal({"mine": flags}, CHALLENGE_COMMON) is None
 
 
 def test_labs_check_fails_an_exercise_that_passes_an_earlier_run_or_takes_an_override():
@@ -380,3 +455,39 @@ def test_labs_check_fails_an_exercise_that_passes_an_earlier_run_or_takes_an_ove
     plain = labs.Exercise("k", "nb", "t", "w", check, stub=lambda: "stub",
                           solution=lambda: "solution", stub_reason="not it")
     assert prove(plain)[3] == []  # the defaults: no earlier runs, nothing to refuse
+
+
+def test_stuck_ranks_fails_the_stack_dumps_top_frames_which_are_torchs_not_the_scripts():
+    """Copying each dump's first line (torch's work.wait(), its line number in
+    distributed_c10d.py, or the logger's wrapper) is not finding the script's line."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+    from workshop_lib.labs.__main__ import prove_rules
+
+    answers = debugging.top_frames()
+    assert all(line > len(debugging.stub_lines()) for line in answers[0].values())
+    for answer in answers:
+        verdict = labs.get("stuck_ranks").check(answer)
+        assert not verdict.ok and "names no single collective" in verdict.reason, answer
+    assert prove_rules(EXERCISES["stuck_ranks"]) == []
+
+
+def test_debugging_refuses_the_cut_down_script_before_launching_it(monkeypatch, tmp_path):
+    """The excerpt the notebook ran under DETAIL, as it is or re-commented, is refused
+    without a torchrun launch (run_job would fail the test)."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+    from workshop_lib.labs.__main__ import prove_rules
+
+    def no_launch(*_, **__):
+        raise AssertionError("launched the cut-down script")
+
+    monkeypatch.setattr(debugging, "run_job", no_launch)
+    excerpt = debugging.mismatch_script(tmp_path / "a.py")
+    recommented = tmp_path / "b.py"
+    recommented.write_text("# my fix\n" + excerpt.read_text()
+                           .replace("import torch\n", "\nimport torch  # ?\n")
+                           .replace("dist.barrier()", "dist.barrier( )  # ?"))
+    for path in (excerpt, recommented):
+        verdict = debugging.check(path)
+        assert not verdict.ok and "cut-down script" in verdict.reason, verdict.reason
+    assert prove_rules(EXERCISES["debugging"]) == []
+    assert not debugging.same_code(excerpt.read_text(), (FILES / "debugging_stub.py").read_text())

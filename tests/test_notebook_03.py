@@ -23,8 +23,9 @@ def executed(tmp_path_factory):
 def test_every_run_has_the_same_budget_and_the_large_batch_100_steps(executed):
     _, base, hot, _ = executed
     epochs = P.sweep_epochs(BATCH_SCALE)
-    for run in [*base.values(), *hot.values()]:
-        assert len(run.epochs) == epochs and run.start["args"]["seed"] == "0"
+    for name, run in [*base.items(), *hot.items()]:
+        assert run.start["args"]["epochs"] == str(epochs) and run.start["args"]["seed"] == "0"
+        assert len(run.epochs) == epochs or name == "large_sqrt_stop", name
     large = base["large_same_lr"]
     assert large.start["global_batch_size"] == BATCH_SCALE * P.batch_size
     assert large.start["steps_per_epoch"] * len(large.epochs) >= 100
@@ -54,3 +55,14 @@ def test_the_challenges_reference_solution_wins_and_the_leaderboard_is_shown(exe
     _, _, _, text = executed
     assert "PASS: your run 'sqrt_warmup' reached" in text
     assert "baseline_large_linear" in text and "training s to" in text and "holds it" in text
+
+
+def test_early_stopping_is_shown_with_the_time_it_saved(executed):
+    """The stopped run is large_sqrt cut short at the target (measured here: epoch 11 of
+    34); the finding printed is the one computed."""
+    _, base, hot, text = executed
+    found = nb03.early_stopping(hot["large_sqrt_stop"], hot["large_sqrt"],
+                                nb03.stop_target(base["small"]))
+    assert found["early_stopping"].text in text
+    stopped = hot["large_sqrt_stop"]
+    assert stopped.end["reason"].startswith("val_acc >=") == found["early_stopping"].holds

@@ -5,6 +5,7 @@ collapses mid-way and climbs back as the schedule decays ends high, and is no re
 """
 import math
 
+from workshop_lib import runlog
 from workshop_lib.findings.base import Finding, Findings, skipped
 from workshop_lib.findings.sgd_and_batch_size import (
     GAP_PP,
@@ -15,6 +16,7 @@ from workshop_lib.findings.sgd_and_batch_size import (
 
 SETTLED_SHARE = 0.1  # a run's settled accuracy: the lowest of its last 10% of epochs (>= 1)
 BN_TOLERANCE = 1e-5  # two runs this close in their weights are the same up to float rounding
+TARGET_FRACTION = 0.98  # a target accuracy: this fraction of a small batch's final one
 COLLAPSE_PP = 5.0    # a fall this large from the running best after warmup is a collapse
                      # (digits: 18 of 359 validation images), not epoch-to-epoch noise
 
@@ -112,6 +114,41 @@ def accuracy_at_scale(base, hot, hot_factor):
         found.append(_rescue(f"hot_{key.removeprefix('large_')}", what, broken, hot[key],
                              hot_small))
     return found
+
+
+def stop_target(small):
+    """The target of section 2's early-stopped run: TARGET_FRACTION of section 1's small
+    batch's final accuracy (the challenge's rule; section 2's own small batch is not
+    trained yet when its sweep starts)."""
+    return round(TARGET_FRACTION * small.final["val_acc"], 3)
+
+
+def early_stopping(stopped, full, target):
+    """What ``--target-accuracy target`` saved: ``stopped`` against ``full``, the same run
+    (flags, seed) trained to the end. Called stopped early only when it reached the target
+    and ended before the budget's epochs."""
+    budget, patience = len(full.epochs), stopped.start["args"].get("patience", "1")
+    reached = runlog.time_to_accuracy(stopped, target) is not None
+    if not reached or len(stopped.epochs) >= budget:
+        return Findings([Finding(
+            "early_stopping", f"With --target-accuracy {target:.3f} the run never reached "
+                              f"it for {patience} epoch(s) in a row: it trained all "
+                              f"{len(stopped.epochs)} epochs, nothing saved.", holds=False)])
+    spent = sum(e["epoch_s"] for e in stopped.epochs)
+    whole = sum(e["epoch_s"] for e in full.epochs)
+    apart = max(abs(a["val_acc"] - b["val_acc"])  # the full run is the longer one
+                for a, b in zip(stopped.epochs, full.epochs[:len(stopped.epochs)], strict=True))
+    return Findings([Finding(
+        "early_stopping", f"Stopped once validation accuracy reached {target:.3f} for "
+                          f"{patience} epoch(s) in a row: after epoch {len(stopped.epochs)} "
+                          f"of {budget}, {spent:.1f} s of training against {whole:.1f} s for "
+                          f"the same run to the end, {whole - spent:.1f} s "
+                          f"({(whole - spent) / whole:.0%}) saved; the full run went on to "
+                          f"{full.final['val_acc']:.3f} ("
+                          + ("its curve up to the stop is the full run's, epoch for epoch)."
+                             if apart == 0 else f"the two curves differ by up to "
+                             f"{100 * apart:.1f} pp before the stop: not bit-identical "
+                             f"runs here)."), holds=True)])
 
 
 def batchnorm(equivalence):

@@ -15,18 +15,26 @@ rule (with or without its warmup), does not meet it at this rate.
 
 The budget is the check's: a run whose flags set one of the options the check sets for
 every run (epochs, batch size, base rate, seed, dataset, ...) is refused before anything
-trains, since the training script takes the last of a repeated flag.
+trains, since the training script takes the last of a repeated flag. So is a run the
+notebook made before the challenge (``NOTEBOOK_SWEEPS``, its sweep cells' variants, at the
+check's batch and rate): compared as the training script reads the flags, with its
+defaults filled in, so that order, abbreviations, ``--flag=value`` or a restated default
+make no new run.
 """
 import argparse
+import re
 import shlex
 import tempfile
 from pathlib import Path
 
 from workshop_lib import cli, profile, runlog, sweep
-from workshop_lib.findings.keeping_accuracy_at_scale import COLLAPSE_PP, settled, worst_fall
+from workshop_lib.findings.keeping_accuracy_at_scale import (
+    COLLAPSE_PP,
+    TARGET_FRACTION,
+    settled,
+    worst_fall,
+)
 from workshop_lib.labs import Exercise, Verdict, register
-
-TARGET_FRACTION = 0.98  # of the small batch's final validation accuracy
 
 
 def settings(p, batch_scale, epochs=None, hot_factor=None):
@@ -41,14 +49,95 @@ def settings(p, batch_scale, epochs=None, hot_factor=None):
     return small, large, common
 
 
-def _options_set_by(flags):
-    """The options (the training script's names, e.g. "epochs") that ``flags`` set, parsed
-    as the script parses them: abbreviations (--epoch) and --flag=value count too."""
+def _training_parser(defaults=True):
+    """The training script's parser: abbreviations (--epoch) and --flag=value read as it
+    reads them; without ``defaults`` its namespace holds only what was given."""
     parser = cli.ArgumentParser(prog="python -m workshop_lib.train", add_help=False)
     cli.add_common_args(parser, default_out="runs/challenge")
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS  # so the namespace holds only what was given
-    return set(vars(parser.parse_args(flags)))
+    if not defaults:
+        for action in parser._actions:
+            action.default = argparse.SUPPRESS
+    return parser
+
+
+def _options_set_by(flags):
+    """The options (the training script's names, e.g. "epochs") that ``flags`` set."""
+    return set(vars(_training_parser(defaults=False).parse_args(flags)))
+
+
+# Notebook 03's sweeps before the challenge, variant by variant, as its %%bash cells write
+# them (tests/test_labs.py holds the cells to this list). Each cell's common flags are the
+# budget the check sets itself: what is left of a variant is the run the learner could copy.
+NOTEBOOK_SWEEPS = {
+    "base_lr": {
+        "small": "--batch-size $SMALL",
+        "large_same_lr": "--batch-size $LARGE",
+        "large_linear": "--batch-size $LARGE --lr-scaling linear",
+        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs 3",
+        "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
+    },
+    "hot_lr": {
+        "small": "--batch-size $SMALL",
+        "large_linear": "--batch-size $LARGE --lr-scaling linear",
+        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs 3",
+        "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
+        "large_lars": "--batch-size $LARGE --lr-scaling linear --optimizer lars",
+        "large_sqrt_stop": "--batch-size $LARGE --lr-scaling sqrt --target-accuracy $STOP_AT",
+    },
+}
+SECTIONS = {"base_lr": "section 1", "hot_lr": "section 2"}
+# Options that change how a run is shown or where it stops, not what it trains: early
+# stopping cuts the same run short (its epochs up to the stop are the full run's).
+NOT_THE_RUN = {"progress", "target_accuracy", "patience"}
+
+
+def effective_options(flags, budget):
+    """What a run trains with: the training script's namespace for ``flags`` (a list),
+    defaults filled in, without the ``budget`` options (the check's) and NOT_THE_RUN."""
+    chosen = vars(_training_parser().parse_args(flags))
+    return {name: value for name, value in chosen.items()
+            if name not in budget and name not in NOT_THE_RUN}
+
+
+def _cell_flags(flags):
+    """A sweep cell's variant with its shell variables given a value (they stand only for
+    budget options or options that are not the run)."""
+    return shlex.split(re.sub(r"\$\w+", "1", flags))
+
+
+def notebook_runs(budget):
+    """[(options, ["section 2's large_sqrt", ...])]: each distinct run the notebook made
+    before the challenge, as the check would train it, with the variants that made it."""
+    runs = []
+    for folder, variants in NOTEBOOK_SWEEPS.items():
+        for variant, flags in variants.items():
+            options = effective_options(_cell_flags(flags), budget)
+            named = f"{SECTIONS[folder]}'s {variant}"
+            match = next((names for seen, names in runs if seen == options), None)
+            if match is None:
+                runs.append((options, [named]))
+            else:
+                match.append(named)
+    return runs
+
+
+def as_flags(options, budget):
+    """``options`` (effective_options) as the shortest flags: the ones that differ from the
+    training script's defaults, "" for none."""
+    defaults = effective_options([], budget)
+    flags = []
+    for name, value in options.items():
+        if value != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            flags += [flag] if value is True else [flag, f"{value:g}" if isinstance(
+                value, float) else str(value)]
+    return shlex.join(flags)
+
+
+def copied_run(flags, budget):
+    """The names of the notebook's earlier runs ``flags`` (a list) repeats, or None."""
+    options = effective_options(flags, budget)
+    return next((names for seen, names in notebook_runs(budget) if seen == options), None)
 
 
 def budget_options(common):
@@ -75,6 +164,13 @@ def refusal(my_runs, common):
             return (f"run {name!r} sets {given}: the budget is the challenge's, the same for "
                     f"every run ({', '.join(sorted(budget))}); choose the rule, warmup, "
                     f"optimizer, schedule or momentum instead")
+        copied = copied_run(shlex.split(flags), budget)
+        if copied:
+            options = as_flags(effective_options(shlex.split(flags), budget), budget)
+            return (f"run {name!r} repeats a run the notebook made before the challenge "
+                    f"({', '.join(copied)}: {options or 'the defaults'}, at this batch "
+                    f"and rate): copying a cell above is no answer; change its rule, warmup, "
+                    f"optimizer, schedule or momentum")
     return None
 
 
@@ -181,26 +277,20 @@ def why_the_time(small, runs, target):
                "only where the rate grows more than the epochs do."))
 
 
-def context():
-    """The baselines, trained once for both of `labs check`'s runs of the check."""
-    return {"baselines": run_baselines(tempfile.mkdtemp(prefix="lab-challenge-"),
-                                       profile.get_profile("cpu", "digits"), 16)}
-
-
-STUB = {"mine": "--lr-scaling linear"}  # section 1's answer, copied
+STUB = {"mine": "--lr-scaling linear"}  # section 1's answer, copied: refused
 # Measured (CPU profile, digits, seed 0, hot rate 0.2, batch 512, 34 epochs): reaches 0.978
 # at epoch 12, settles at 0.983, never falls more than 0.3 pp after its warmup.
 REFERENCE = {"sqrt_warmup": "--lr-scaling sqrt --warmup-epochs 2"}
 
 
 def earlier_runs(**_):
-    """Section 1's runs that worked, copied to this rate (they are section 2's): the linear
-    rule, with and without warmup, and LARS at its rate. Section 2's square-root run is
-    not here: it holds the target at this rate too (measured: 0.978 at epoch 11), so
-    copying it passes."""
-    return [{"linear": "--lr-scaling linear"},
-            {"linear_warmup": "--lr-scaling linear --warmup-epochs 3"},
-            {"lars": "--lr-scaling linear --optimizer lars"}]
+    """Every run the notebook made before the challenge (sections 1 and 2), as an answer:
+    the check refuses each before training (section 2's square-root run would hold the
+    target at this rate: measured, 0.978 at epoch 11)."""
+    _, _, common = settings(profile.get_profile("cpu", "digits"), 16)
+    budget = budget_options(common)
+    return [{names[0].partition("'s ")[2]: as_flags(options, budget)}
+            for options, names in notebook_runs(budget)]
 
 
 def budget_overrides(**_):
@@ -212,5 +302,7 @@ def budget_overrides(**_):
 register(Exercise("challenge", "03_keeping_accuracy_at_scale", "keep the accuracy at k x the batch",
                   writes="my_runs: the flags of your runs at k x the batch, within the budget",
                   check=check, stub=lambda **_: dict(STUB), solution=lambda **_: dict(REFERENCE),
-                  stub_reason="none of your runs", context=context,
+                  # No context: the stub and every earlier run are refused before anything
+                  # trains, so only the solution's check trains the baselines.
+                  stub_reason="repeats a run the notebook made",
                   earlier_runs=earlier_runs, refused=budget_overrides))

@@ -11,8 +11,11 @@ the job's end-of-epoch collectives cut down to ``files/debugging_excerpt.py`` wi
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and writes the fixed script. The check runs
 the learner's script on two processes: it must finish, and the accuracy it reports must
 cover the whole validation set (a "fix" that drops the all-reduce finishes too, but
-reports one rank's share).
+reports one rank's share). The cut-down script the notebook ran is no answer: it is
+refused before anything launches (the unchanged job is the exercise's stub, which the check
+launches and fails).
 """
+import ast
 import io
 import tempfile
 from pathlib import Path
@@ -35,6 +38,10 @@ def check(path):
     path = Path(path)
     if not path.is_file():
         return Verdict(False, f"{path} does not exist: run the %%writefile cell first")
+    if same_code(path.read_text(), (FILES / "debugging_excerpt.py").read_text()):
+        return Verdict(False, f"{path.name} is the cut-down script the notebook ran under "
+                              f"DETAIL (debug_mismatch.py), only the end of an epoch: fix the "
+                              f"job itself, debug_job.py, in the %%writefile cell")
     out = Path(tempfile.mkdtemp(prefix="lab-debugging-"))
     result = run_job(path, out)
     if not result.ok:
@@ -53,6 +60,14 @@ def check(path):
                               f"sums in (the all-reduce), only the printing is rank 0's")
     return Verdict(True, f"the job finishes in {result.seconds:.0f} s and reports the global "
                          f"accuracy over all {samples} validation samples")
+
+
+def same_code(text, other):
+    """Whether two scripts are the same code, whatever their comments and layout."""
+    try:
+        return ast.dump(ast.parse(text)) == ast.dump(ast.parse(other))
+    except SyntaxError:
+        return False
 
 
 def copy(name, path=None, default="my_debug_job.py"):
@@ -96,6 +111,24 @@ def collective_named(said):
     return named[0] if len(named) == 1 else None
 
 
+def top_frames():
+    """Where the stack dump's top frames are, in torch (not in debug_job.py): rank 0's in
+    all_reduce, rank 1's in barrier, both at ``work.wait()`` of the installed torch's
+    distributed_c10d.py, under c10d_logger's wrapper. Answering them is reading the first
+    line of each dump, not finding the line of the script: the check must fail each."""
+    import inspect
+
+    import torch.distributed as dist
+
+    def wait_line(collective):
+        lines, start = inspect.getsourcelines(inspect.unwrap(collective))
+        return next(start + i for i, line in enumerate(lines) if line.strip() == "work.wait()")
+
+    return [{0: wait_line(dist.all_reduce), 1: wait_line(dist.barrier)},
+            {0: "work.wait()", 1: "work.wait()"},
+            {0: "return func(*args, **kwargs)", 1: "return func(*args, **kwargs)"}]
+
+
 def check_stuck_ranks(answer):
     if not isinstance(answer, dict) or set(answer) != set(WAITS):
         return Verdict(False, "fill in where_ranks_wait as {0: ..., 1: ...}: for each rank, "
@@ -128,11 +161,13 @@ register(Exercise("stuck_ranks", "04_when_things_go_wrong", "say where each rank
                   solution=lambda: {0: line_of(WAITS[0]), 1: line_of(WAITS[1])},
                   shown=lambda: "\n".join(f"{rank}: {line_of(line)},  # {line}"
                                           for rank, line in WAITS.items()),
-                  stub_reason="fill in where_ranks_wait"))
+                  stub_reason="fill in where_ranks_wait",
+                  earlier_runs=lambda **_: top_frames()))
 
 
 register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hanging DDP job",
                   writes="my_debug_job.py: the hanging job, fixed",
                   check=check, stub=lambda path=None: copy("debugging_stub.py", path),
                   solution=lambda path=None: copy("debugging_solution.py", path),
-                  stub_reason="still fails"))
+                  stub_reason="still fails",
+                  earlier_runs=lambda path=None: [mismatch_script(path)]))
