@@ -58,3 +58,20 @@ def test_one_heading_style(name):
         assert not heading.startswith("# "), f"one title per notebook: {heading}"
         assert not re.match(r"^##+ (Part )?\d+[.:]", heading), \
             f"numbered as '## N · Section': {heading}"
+
+
+def test_every_file_a_notebook_writes_beside_it_is_git_ignored():
+    """A learner's work, and what a notebook's cells write next to it (%%writefile, or a
+    library call given ``path="..."``), stay out of the repository's changes."""
+    import subprocess
+
+    written = set()
+    for name in NOTEBOOKS:
+        text = (REPO / "notebooks" / name).read_text()
+        written |= set(re.findall(r"%%writefile ([\w./-]+)", text))
+        written |= set(re.findall(r'path=\\"([\w./-]+)\\"', text))
+    assert {"my_train_ddp.py", "prepare_once.py", "debug_job.py"} <= written, written
+    result = subprocess.run(["git", "check-ignore", "--no-index", *sorted(written)],
+                            cwd=REPO / "notebooks", capture_output=True, text=True)
+    ignored = set(result.stdout.split())
+    assert ignored == written, f"not ignored: {sorted(written - ignored)}"

@@ -10,11 +10,12 @@ named after the cell's grade id:
 file) as every process's entry point: it runs the script unchanged and records what each
 rank does (ddp_recorder.py says what, and how); then, on GPUs, where the speed-up is
 required, once more as a single process to measure it. Each ``check_<grade id>``
-function judges one requirement from the records of all ranks, prints ``PASS: ...`` or raises ``RequirementNotMet`` with the reason
-in one line. Nothing reads the script's source: any correct way of writing it passes.
-``passes`` is the pass mark, the one definition that the notebook, the feedback
-(``report``) and the instructor's grades.csv apply. ``run_script`` is the notebook's plain
-launch of the script, with a short summary instead of torchrun's own output.
+function judges one requirement from the records of all ranks, prints ``PASS: ...`` or
+raises ``RequirementNotMet`` with the reason in one line. Nothing reads the script's
+source: any correct way of writing it passes. ``passes`` is the pass mark, the one
+definition that the notebook, the feedback (``report``) and the instructor's grades.csv
+apply. ``run_script`` is the notebook's plain launch of the script, with a short summary
+instead of torchrun's own output.
 
 Your copy of this file is replaced by the instructor's when your work is graded.
 
