@@ -92,7 +92,6 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
     Runs write under ``runs_dir`` (passed as the ``runs_dir`` parameter), so the test can
     assert on the run records of this very execution. Returns the executed notebook.
     """
-    import nbformat
     import papermill
 
     output = Path(runs_dir) / f"executed-{name}"
@@ -103,12 +102,65 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
                     "solutions": True, **parameters},
         cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
     )
+    return _executed(name, output, time.perf_counter() - started, parameters)
+
+
+def _executed(name, output, seconds, parameters):
+    """The executed notebook at ``output``, its time recorded for the budget table."""
+    import nbformat
+
     run = 1 if parameters.get("nproc") == 1 and parameters.get("solutions") is False else 0
-    NOTEBOOK_SECONDS.append((Path(name).stem, run, time.perf_counter() - started))
+    NOTEBOOK_SECONDS.append((Path(name).stem, run, seconds))
     notebook = nbformat.read(output, as_version=4)
     errors = stderr_outputs(notebook)
     assert not errors, f"{name} wrote to stderr (a red band in JupyterLab): {errors[:3]}"
     return notebook
+
+
+def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900):
+    """``execute_notebook`` for each ``(name, runs_dir, parameters)`` of ``runs``, with
+    ``side_by_side`` papermill processes at a time; ``{name: executed notebook}``.
+
+    For runs of one process each: two of them keep a 2-core machine busy where one alone
+    leaves a core waiting while it starts Python, torch and torchrun. Every process a
+    notebook starts is told it shares the machine (hardware.SHARERS_ENV), so each takes
+    its share of the cores' threads.
+    """
+    import subprocess
+
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
+           "WORKSHOP_PROCESSES_ON_MACHINE": str(side_by_side)}
+    pending, running, executed = list(runs), [], {}
+
+    def start(name, runs_dir, parameters):
+        output = Path(runs_dir) / f"executed-{name}"
+        values = {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
+                  "solutions": True, **parameters}
+        command = [sys.executable, "-m", "papermill", str(REPO / "notebooks" / name),
+                   str(output), "--kernel", "python3", "--cwd", str(REPO / "notebooks"),
+                   "--execution-timeout", str(timeout_per_cell), "--no-progress-bar"]
+        for key, value in values.items():
+            command += ["-p", key, str(value)]
+        log = open(Path(runs_dir) / f"papermill-{name}.log", "w")  # noqa: SIM115
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return name, output, values, process, log, time.perf_counter()
+
+    while pending or running:
+        while pending and len(running) < side_by_side:
+            running.append(start(*pending.pop(0)))
+        time.sleep(0.5)
+        for job in [job for job in running if job[3].poll() is not None]:
+            running.remove(job)
+            name, output, values, process, log, started = job
+            log.close()
+            if process.returncode != 0:
+                for _, _, _, other, _, _ in running:
+                    other.kill()
+                tail = Path(log.name).read_text()[-3000:]
+                raise AssertionError(f"{name} failed to execute (papermill {process.returncode})"
+                                     f":\n{tail}")
+            executed[name] = _executed(name, output, time.perf_counter() - started, values)
+    return executed
 
 
 def stderr_outputs(notebook):

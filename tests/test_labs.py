@@ -471,9 +471,10 @@ def test_stuck_ranks_fails_the_stack_dumps_top_frames_which_are_torchs_not_the_s
     assert prove_rules(EXERCISES["stuck_ranks"]) == []
 
 
-def test_debugging_refuses_the_cut_down_script_before_launching_it(monkeypatch, tmp_path):
-    """The excerpt the notebook ran under DETAIL, as it is or re-commented, is refused
-    without a torchrun launch (run_job would fail the test)."""
+def test_debugging_refuses_the_scripts_the_notebook_ran_before_launching_them(monkeypatch,
+                                                                             tmp_path):
+    """The excerpt the notebook ran under DETAIL and the unchanged hanging job, as they are
+    or re-commented, are refused without a torchrun launch (run_job would fail the test)."""
     from workshop_lib.labs import when_things_go_wrong as debugging
     from workshop_lib.labs.__main__ import prove_rules
 
@@ -489,5 +490,10 @@ def test_debugging_refuses_the_cut_down_script_before_launching_it(monkeypatch, 
     for path in (excerpt, recommented):
         verdict = debugging.check(path)
         assert not verdict.ok and "cut-down script" in verdict.reason, verdict.reason
+    unchanged = labs.get("debugging").stub(path=tmp_path / "c.py")
+    unchanged.write_text("# looked at it\n" + unchanged.read_text())
+    verdict = debugging.check(unchanged)
+    assert not verdict.ok and labs.get("debugging").stub_reason in verdict.reason
+    assert "unchanged in its code" in verdict.reason
     assert prove_rules(EXERCISES["debugging"]) == []
     assert not debugging.same_code(excerpt.read_text(), (FILES / "debugging_stub.py").read_text())

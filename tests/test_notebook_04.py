@@ -61,6 +61,7 @@ def test_every_failure_ends_as_the_notebook_says(executions):
     assert all(f.holds for f in found), [f.text for f in found]
     crash, hang = results["crash"], results["hang"]
     assert crash["failed_rank"] == 1 and "InjectedFault" in crash["error"]
+    assert crash["fault_to_exit_s"] < nb04.FAIL_FAST_S
     assert hang["failed_rank"] == 0, "the rank left waiting reports the timeout"
     assert HANG_TIMEOUT_S <= hang["fault_to_exit_s"] < HANG_TIMEOUT_S + nb04.FAIL_FAST_S
 
@@ -95,4 +96,6 @@ def test_summary_is_computed_and_torchrun_internals_stay_out(executions):
     results, restarted, text = executions[0]
     for finding in nb04.failures(results, 2, HANG_TIMEOUT_S, restarted):
         assert finding.text in text
-    assert "ChildFailedError" not in text
+    assert "ChildFailedError" not in text, "torchrun's traceback wall stays in the log folder"
+    assert "rank 1 failed first" in text, "the summary names the rank that failed first"
+    assert "[rank 1]" in text, "the other ranks' lines are tagged"

@@ -10,7 +10,7 @@ still takes each path: QUICK.)
 import pytest
 from test_notebook_hygiene import NOTEBOOKS
 
-from conftest import execute_notebook, notebook_text_outputs
+from conftest import execute_notebooks_side_by_side, notebook_text_outputs
 from workshop_lib import labs, runlog
 
 pytestmark = pytest.mark.slow
@@ -20,9 +20,18 @@ pytestmark = pytest.mark.slow
 QUICK = {"sweep_epochs": 6, "seeds": 1, "epochs": 1, "rounds": 2}
 
 
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Every notebook executed this way, two at a time: ``{name: (notebook, runs dir)}``."""
+    runs = [(name, tmp_path_factory.mktemp(name[:2]), {"nproc": 1, "solutions": False, **QUICK})
+            for name in NOTEBOOKS]
+    notebooks = execute_notebooks_side_by_side(runs)
+    return {name: (notebooks[name], runs_dir) for name, runs_dir, _ in runs}
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_executes_with_one_process(name, tmp_path):
-    notebook = execute_notebook(name, tmp_path, nproc=1, solutions=False, **QUICK)
+def test_notebook_executes_with_one_process(name, executed):
+    notebook, tmp_path = executed[name]
     text = notebook_text_outputs(notebook)
     assert "Traceback" not in text
     exercises = [e for e in labs._load().values() if name.startswith(e.notebook)]

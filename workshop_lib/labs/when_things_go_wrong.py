@@ -38,6 +38,13 @@ def check(path):
     path = Path(path)
     if not path.is_file():
         return Verdict(False, f"{path} does not exist: run the %%writefile cell first")
+    # The scripts the notebook already ran, refused before a launch: the unchanged job
+    # (it hangs until the collective timeout, as the learner saw) and the cut-down one.
+    if same_code(path.read_text(), (FILES / "debugging_stub.py").read_text()):
+        return Verdict(False, f"{path.name} is still the job the notebook ran above "
+                              f"(debug_job.py), unchanged in its code, and that job hangs "
+                              f"until its {DIST_TIMEOUT_S} s collective timeout: the job still "
+                              f"fails. Find the collective only one rank calls, and fix it")
     if same_code(path.read_text(), (FILES / "debugging_excerpt.py").read_text()):
         return Verdict(False, f"{path.name} is the cut-down script the notebook ran under "
                               f"DETAIL (debug_mismatch.py), only the end of an epoch: fix the "
@@ -170,4 +177,5 @@ register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hangin
                   check=check, stub=lambda path=None: copy("debugging_stub.py", path),
                   solution=lambda path=None: copy("debugging_solution.py", path),
                   stub_reason="still fails",
-                  earlier_runs=lambda path=None: [mismatch_script(path)]))
+                  earlier_runs=lambda path=None: [copy("debugging_stub.py", path),
+                                                  mismatch_script(path)]))
