@@ -77,8 +77,8 @@ SESSIONS = (
             "time to accuracy as the batch grows", (60, 60),
             Budget(reading=15, exercises=20, cpu_run=15, gpu_run=8)),
     Session("notebooks/02_from_one_gpu_to_many.ipynb",
-            "make a single-device script a DDP job and launch it with torchrun; predict what "
-            "each rank sees; measure the same accuracy in less time and read its speed-up with "
+            "make a single-device script a DDP job and launch it with torchrun; node, world "
+            "size, global and local rank; predict what each rank sees; measure the same accuracy in less time and read its speed-up with "
             "Amdahl's law (strong vs weak scaling; optional: the bench, DDP from two "
             "collectives)", (90, 90),
             # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
@@ -90,13 +90,14 @@ SESSIONS = (
                    optional=(("how close to the physical limit?", 10),
                              ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",
-            "lose accuracy at a large batch and win it back (linear and square-root rules, "
-            "warmup, LARS); early stopping at a target; BatchNorm across ranks; the large-batch "
+            "lose accuracy at a large batch and win it back (linear and square-root rules and "
+            "why, warmup with SequentialLR, LARS; LAMB and NovoGrad named); early stopping at a target; BatchNorm across ranks; the large-batch "
             "challenge", (60, 60),
             Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
     Session("notebooks/04_when_things_go_wrong.ipynb",
-            "crash a rank, hang a collective, kill a rank and resume from the checkpoint; "
-            "debug a hanging job", (45, 45),
+            "crash a rank, hang a collective, kill a rank and resume from the checkpoint (bit "
+            "for bit the uninterrupted job); read where each rank of a hung job waits, then "
+            "debug it", (45, 45),
             Budget(reading=12, exercises=15, cpu_run=12, gpu_run=8)),
     Session("notebooks/05_worked_example.ipynb",
             "mixed precision, memory and its remedies, gradient accumulation, DataParallel "
@@ -107,7 +108,8 @@ SESSIONS = (
             "convert another single-device script yourself; graded by what your job does",
             (60, 90), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),
     Session("notebooks/06_beyond_one_machine.ipynb",
-            "data as record shards, two nodes and a lost node, SLURM and Kubernetes jobs",
+            "data prepared once on each node's local rank 0 behind a barrier, data as record "
+            "shards, two nodes and a lost node, SLURM and Kubernetes jobs",
             None, Budget(reading=20, exercises=15, cpu_run=15, gpu_run=10)),
     Session("notebooks/07_inside_ddp.ipynb",
             "build overlap, buckets and ZeRO-1 yourself; what comes next: communication "
