@@ -78,9 +78,9 @@ SESSIONS = (
             Budget(reading=15, exercises=20, cpu_run=15, gpu_run=8)),
     Session("notebooks/02_from_one_gpu_to_many.ipynb",
             "make a single-device script a DDP job and launch it with torchrun; node, world "
-            "size, global and local rank; predict what each rank sees; measure the same accuracy in less time and read its speed-up with "
-            "Amdahl's law (strong vs weak scaling; optional: the bench, DDP from two "
-            "collectives)", (90, 90),
+            "size, global and local rank; predict what each rank sees; measure the same "
+            "accuracy in less time and read its speed-up with Amdahl's law (strong vs weak "
+            "scaling; optional: the bench, DDP from two collectives)", (90, 90),
             # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
             # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
             # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
@@ -91,8 +91,8 @@ SESSIONS = (
                              ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",
             "lose accuracy at a large batch and win it back (linear and square-root rules and "
-            "why, warmup with SequentialLR, LARS; LAMB and NovoGrad named); early stopping at a target; BatchNorm across ranks; the large-batch "
-            "challenge", (60, 60),
+            "why, warmup with SequentialLR, LARS; LAMB and NovoGrad named); early stopping at "
+            "a target; BatchNorm across ranks; the large-batch challenge", (60, 60),
             Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
     Session("notebooks/04_when_things_go_wrong.ipynb",
             "crash a rank, hang a collective, kill a rank and resume from the checkpoint (bit "
