@@ -10,6 +10,7 @@ kernel on its own stream. Times are in microseconds, as in the trace files.
 import gzip
 import hashlib
 import json
+import math
 
 import matplotlib
 import numpy as np
@@ -368,6 +369,8 @@ def test_two_cpu_ranks_write_traces_and_a_consistent_summary(tmp_path):
     floor = summary["floor"]
     gradient_bytes = summary["setup"]["gradient_bytes"]
     assert floor["sweep"][-1]["bytes"] == floor["gradient_bytes"] >= gradient_bytes
-    assert len(floor["sweep"]) >= 3 and floor["fit"]["bus_bandwidth_gb_s"] > 0
+    # A timed sweep on shared cores can fall with size (noise): its fit is checked for
+    # form here; the arithmetic, with known timings, in tests/test_bench_analysis.py.
+    assert len(floor["sweep"]) >= 3 and math.isfinite(floor["fit"]["bus_bandwidth_gb_s"])
     assert floor["floor_ms"] > 0 and "the all-reduce floor for" in result.stdout
 
