@@ -117,7 +117,8 @@ def test_exposed_communication_against_the_floor(quick_bench):
     rows = report["communication"]["exposed"]
     assert [r["config"] for r in rows] == ["course", "scaling"]
     fit = report["communication"]["allreduce_model"]["2"]
-    assert fit["latency_s"] >= 0 and math.isfinite(fit["bus_bandwidth_gb_s"])  # timed: noisy
+    bandwidth = fit["bus_bandwidth_gb_s"]  # timed: resolved and positive, or None
+    assert fit["latency_s"] >= 0 and (bandwidth is None or bandwidth > 0)
     assert fit["sizes"] == len(report["communication"]["allreduce"]["2"])
     for row in rows:
         for key in ("ddp_step_s", "no_sync_step_s", "no_sync_efficiency", "sync_step_s",

@@ -198,6 +198,27 @@ def test_the_allreduce_fit_recovers_latency_and_bandwidth():
         row["seconds"]["median"] = 1.5 * row["bytes"] / 3e9 - 1e-7
     fit = allreduce_model.fit(rows, world_size=4)
     assert fit["latency_s"] == 0 and fit["bus_bandwidth_gb_s"] > 0
+    assert allreduce_model.bandwidth_text(fit).endswith(" GB/s")
+
+
+def test_a_sweep_that_does_not_grow_with_size_resolves_no_bandwidth():
+    """Shared cores can time 1 KiB slower than 64 KiB (a fresh-clone run did: 2.3 ms against
+    less at every larger size). Its least-squares slope is negative; the fit says it
+    resolved no bandwidth, and every printed line says so, instead of a negative GB/s."""
+    times = [2.3e-3, 0.9e-3, 0.8e-3, 0.85e-3]
+    rows = [{"bytes": KB * 4**k, "seconds": {"median": t}} for k, t in enumerate(times)]
+    fit = allreduce_model.fit(rows, world_size=2)
+    assert fit["bus_bandwidth_gb_s"] is None
+    weights = [1 / t**2 for t in times]
+    assert fit["latency_s"] == pytest.approx(sum(w * t for w, t in zip(weights, times,
+                                                                         strict=True))
+                                             / sum(weights))
+    assert allreduce_model.model_s(fit, 2, MB)["bandwidth_s"] == 0
+    assert "not resolved" in allreduce_model.bandwidth_text(fit)
+    # The same sizes growing with size: resolved, and positive.
+    grown = [{"bytes": r["bytes"], "seconds": {"median": 1e-3 + r["bytes"] / 1e9}}
+             for r in rows]
+    assert allreduce_model.fit(grown, world_size=2)["bus_bandwidth_gb_s"] > 0
 
 
 def test_each_trial_against_the_course_step_with_its_own_split():

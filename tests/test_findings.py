@@ -394,6 +394,12 @@ def test_the_bucket_sweep_is_priced_by_the_fitted_latency():
     flat = nb07.bucket_sweep(inside_ddp_results({"buckets_4096": 31.5}))
     assert not flat["bucket_sweep"].holds and "lost in the" in flat["bucket_sweep"].text
     assert "0.40 ms latency" in found["allreduce_fit"].text
+    assert "bus bandwidth 1.00 GB/s" in found["allreduce_fit"].text
+    unresolved = inside_ddp_results()
+    unresolved["allreduce_fit"]["bus_bandwidth_gb_s"] = None  # times that did not grow
+    found = nb07.bucket_sweep(unresolved)
+    assert "bus bandwidth not resolved" in found["allreduce_fit"].text
+    assert timing.bucket_sweep_rows(unresolved)[0]["predicted_ms"] == pytest.approx(8 * 0.4)
 
 
 def test_zero1_memory_is_exact_and_balanced_only_when_the_numbers_say_so():

@@ -1,7 +1,6 @@
 """Notebook 07 executes in the CPU profile with the exercises' reference solutions: each
 exercise's check passes, its one measurement launch measured every part, and the closing
 summary is what ``findings`` computes from that launch's own results."""
-import math
 
 import nbformat
 import pytest
@@ -53,7 +52,8 @@ def test_one_launch_measured_every_part(executed):
     _, _, results = executed
     assert results["world_size"] == 2 and results["backend"] == "gloo"
     assert [row["bytes"] for row in results["allreduce"]] == list(allreduce.SIZES)
-    assert math.isfinite(results["allreduce_fit"]["bus_bandwidth_gb_s"])  # timed: noisy
+    bandwidth = results["allreduce_fit"]["bus_bandwidth_gb_s"]  # timed: noisy
+    assert bandwidth is None or bandwidth > 0, "resolved and positive, or said unresolved"
     step_ms = results["timing"]["step_ms"]
     assert {"local", "naive", "overlap", "buckets", "ddp"} < set(step_ms)
     assert any(name.startswith("buckets_") for name in step_ms)

@@ -10,7 +10,6 @@ kernel on its own stream. Times are in microseconds, as in the trace files.
 import gzip
 import hashlib
 import json
-import math
 
 import matplotlib
 import numpy as np
@@ -371,6 +370,7 @@ def test_two_cpu_ranks_write_traces_and_a_consistent_summary(tmp_path):
     assert floor["sweep"][-1]["bytes"] == floor["gradient_bytes"] >= gradient_bytes
     # A timed sweep on shared cores can fall with size (noise): its fit is checked for
     # form here; the arithmetic, with known timings, in tests/test_bench_analysis.py.
-    assert len(floor["sweep"]) >= 3 and math.isfinite(floor["fit"]["bus_bandwidth_gb_s"])
+    bandwidth = floor["fit"]["bus_bandwidth_gb_s"]  # timed: resolved and positive, or None
+    assert len(floor["sweep"]) >= 3 and (bandwidth is None or bandwidth > 0)
     assert floor["floor_ms"] > 0 and "the all-reduce floor for" in result.stdout
 

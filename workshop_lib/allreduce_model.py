@@ -51,7 +51,9 @@ def sweep(device, sizes=SIZES, reps=30, warmup=3):
 
 def floor_s(world_size, nbytes, bus_bandwidth_gb_s):
     """The ring all-reduce's bandwidth term: each rank sends and receives 2(N-1)/N of the
-    data."""
+    data. 0 when no bandwidth was resolved (``fit`` gives None): the sweep saw none."""
+    if bus_bandwidth_gb_s is None:
+        return 0.0
     return 2 * (world_size - 1) / world_size * nbytes / (bus_bandwidth_gb_s * 1e9)
 
 
@@ -62,7 +64,10 @@ def fit(rows, world_size):
     The weights make it a fit of relative errors: unweighted, the largest messages (a
     quarter of a second at 256 MB) would decide both terms, and the latency, a fraction
     of a millisecond, would be whatever their noise left. A negative latency (noise at
-    the small sizes) is fitted again as zero.
+    the small sizes) is fitted again as zero. A sweep whose times do not grow with size
+    (noise larger than the bandwidth term, as on shared CPU cores) resolves no bandwidth:
+    ``bus_bandwidth_gb_s`` is None, and the latency is the weighted mean time, never a
+    negative bandwidth. ``bandwidth_text`` says which.
     """
     x = [2 * (world_size - 1) / world_size * row["bytes"] for row in rows]
     t = [row["seconds"]["median"] for row in rows]
@@ -73,12 +78,22 @@ def fit(rows, world_size):
     swxt = sum(wi * xi * ti for wi, xi, ti in zip(w, x, t, strict=True))
     seconds_per_byte = (sw * swxt - swx * swt) / (sw * swxx - swx**2)
     latency = (swt - seconds_per_byte * swx) / sw
-    if latency < 0:
+    if seconds_per_byte <= 0:  # no growth with size: a constant time fits best
+        latency, seconds_per_byte = swt / sw, 0.0
+    elif latency < 0:
         latency, seconds_per_byte = 0.0, swxt / swxx
     errors = [(latency + seconds_per_byte * xi - ti) / ti for xi, ti in zip(x, t, strict=True)]
-    return {"latency_s": latency, "bus_bandwidth_gb_s": 1 / seconds_per_byte / 1e9,
+    return {"latency_s": latency,
+            "bus_bandwidth_gb_s": 1 / seconds_per_byte / 1e9 if seconds_per_byte else None,
             "relative_rms_error": math.sqrt(sum(e * e for e in errors) / len(errors)),
             "sizes": len(rows)}
+
+
+def bandwidth_text(fitted, spec=".2f"):
+    """The fitted bus bandwidth in words: "3.00 GB/s", or that the sweep resolved none."""
+    if fitted["bus_bandwidth_gb_s"] is None:
+        return "not resolved (the sweep's times did not grow with size)"
+    return f"{fitted['bus_bandwidth_gb_s']:{spec}} GB/s"
 
 
 def model_s(fitted, world_size, nbytes):

@@ -1,5 +1,5 @@
 """The printed table: the report's JSON, formatted, one section per measurement."""
-from workshop_lib import runlog
+from workshop_lib import allreduce_model, runlog
 from workshop_lib.allreduce_model import floor_s
 from workshop_lib.bench.plan import KB, MB
 
@@ -100,7 +100,7 @@ def communication_section(report):
             "bandwidth": ("bus GB/s", ""), "n": ("n", "d")}))
         lines.append(f"fitted (least squares on the medians, relative errors): time = "
                      f"{fit['latency_s'] * 1e3:.3f} ms + 2(N-1)/N * bytes / "
-                     f"{fit['bus_bandwidth_gb_s']:.3f} GB/s (rms error "
+                     f"{allreduce_model.bandwidth_text(fit, '.3f')} (rms error "
                      f"{fit['relative_rms_error']:.0%} over {fit['sizes']} sizes)")
     if communication["exposed"]:
         lines += exposed_tables(communication["exposed"])

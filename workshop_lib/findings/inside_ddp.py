@@ -1,4 +1,5 @@
 """Notebook 07, Inside DDP: its closing findings, computed from its runs."""
+from workshop_lib import allreduce_model
 from workshop_lib.findings.base import Finding, Findings, needs_ranks, skipped
 from workshop_lib.inside_ddp import fsdp, timing
 
@@ -78,7 +79,7 @@ def bucket_sweep(results):
     return Findings([
         Finding("allreduce_fit", f"One all-reduce on {results['world_size']} ranks "
                                  f"({results['backend']}): {1000 * fit['latency_s']:.2f} ms "
-                                 f"latency, {fit['bus_bandwidth_gb_s']:.2f} GB/s bus bandwidth "
+                                 f"latency, bus bandwidth {allreduce_model.bandwidth_text(fit)} "
                                  f"(fitted to {fit['sizes']} sizes, {fit['relative_rms_error']:.0%}"
                                  f" rms error)."),
         Finding("bucket_sweep",

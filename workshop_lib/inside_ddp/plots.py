@@ -48,7 +48,7 @@ def plot_allreduce(results, ax=None):
         ax.errorbar(row["bytes"], median, yerr=span, fmt="o", color="tab:blue", capsize=3)
     ax.plot(sizes, [1000 * allreduce.predicted_s(fit, world_size, [n]) for n in sizes],
             color="tab:orange", label=f"{1000 * fit['latency_s']:.2f} ms + bytes / "
-                                      f"{fit['bus_bandwidth_gb_s']:.2f} GB/s (fit)")
+                                      f"{allreduce.bandwidth_text(fit)} (fit)")
     ax.axvline(results["timing"]["gradient_bytes"], color="gray", linestyle="--",
                label="the CNN's gradients")
     ax.set_xscale("log", base=2)

@@ -7,6 +7,7 @@ import sys
 import torch.distributed as dist
 
 import workshop_lib.trace
+from workshop_lib import allreduce_model as allreduce
 from workshop_lib import cli, distributed, hardware, models, profile, runlog
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
 from workshop_lib.precision import AMP_CHOICES
@@ -94,8 +95,6 @@ def allreduce_floor(device, world_size, gradient_bytes):
     from 1 KB up to the gradients' size, fitted as latency + bytes over a bandwidth
     (``allreduce_model``, the bench's fit), priced at the gradients' size: what one
     bucket of them costs with nothing beside it. None with one rank (nothing to reduce)."""
-    from workshop_lib import allreduce_model as allreduce
-
     if world_size < 2:
         return None
     gradient_bytes = -(-gradient_bytes // 4) * 4  # whole float32 values
@@ -169,7 +168,7 @@ def format_summary(summary, out):
         *([f"the all-reduce floor for {summary['floor']['gradient_bytes'] / 2**20:.2f} MB of "
            f"gradients, fitted on these ranks: {summary['floor']['floor_ms']:.2f} ms (latency "
            f"{summary['floor']['fit']['latency_s'] * 1e3:.3f} ms, bus bandwidth "
-           f"{summary['floor']['fit']['bus_bandwidth_gb_s']:.2f} GB/s)"]
+           f"{allreduce.bandwidth_text(summary['floor']['fit'])})"]
           if summary.get("floor") else []),
         "traces (open in https://ui.perfetto.dev or chrome://tracing): " + ", ".join(
             str(out / r["trace"]) for r in summary["ranks"]),
