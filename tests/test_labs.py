@@ -92,6 +92,8 @@ def test_the_answer_cells_ask_what_the_checks_judge():
         challenge.STUB
     assert literal_assigned(cells("04_when_things_go_wrong"), "where_ranks_wait") == \
         EXERCISES["stuck_ranks"].stub()
+    assert literal_assigned(cells("04_when_things_go_wrong"), "where_eval_ranks_wait") == \
+        EXERCISES["eval_stuck"].stub()
 
 
 def test_notebook_04_asks_where_the_ranks_wait_before_it_shows_any_script():
@@ -105,6 +107,23 @@ def test_notebook_04_asks_where_the_ranks_wait_before_it_shows_any_script():
     assert dumped < answered and shown and min(shown) > answered, (dumped, answered, shown)
 
 
+def test_notebook_04_asks_where_the_second_jobs_ranks_wait_before_it_shows_its_script():
+    """The second job, the same way: its stacks dumped, the answer checked, and only then
+    its code (the %%writefile cell) or an explanation of what DDP's forward does."""
+    sources = cells("04_when_things_go_wrong")
+    started = next(i for i, s in enumerate(sources) if 'get("eval_debugging").stub(' in s)
+    dumped = next(i for i, s in enumerate(sources) if i >= started and "dump_stacks()" in s)
+    answered = next(i for i, s in enumerate(sources) if 'labs.check("eval_stuck"' in s)
+    shown = [i for i, s in enumerate(sources) if i > started and (
+        "read_text()" in s or "will_sync_module_buffers" in s or "_sync_buffers" in s
+        or s.startswith("%%writefile"))]
+    assert started <= dumped < answered and shown and min(shown) > answered, (
+        started, dumped, answered, shown)
+    earlier = "\n".join(sources[:started])
+    assert "evaluate(model.module" not in earlier and "forward_sync_buffers" not in earlier, (
+        "the fix is not on screen above the second job")
+
+
 @pytest.mark.parametrize("answer,reason", [
     ({0: None, 1: None}, "fill in where_ranks_wait[0]"),
     ("rank 0 in all_reduce", "fill in where_ranks_wait as {0: ..., 1: ...}"),
@@ -116,6 +135,72 @@ def test_notebook_04_asks_where_the_ranks_wait_before_it_shows_any_script():
 def test_the_stuck_ranks_check_says_which_rank_is_wrong(answer, reason):
     verdict = labs.get("stuck_ranks").check(answer)
     assert not verdict.ok and reason in verdict.reason, verdict.reason
+
+
+@pytest.mark.parametrize("answer,reason", [
+    ({0: None, 1: None}, "fill in where_eval_ranks_wait[0]"),
+    ([28, 67], "fill in where_eval_ranks_wait as {0: ..., 1: ...}"),
+    ({0: "model(x)", 1: "dist.barrier()"}, "is on lines"),  # the training forward too
+    ({0: "evaluate(model, val_loader)", 1: "dist.barrier()"}, "rank 0 is not waiting in line"),
+    ({0: "dist.all_reduce(sums)", 1: "dist.barrier()"}, "names no line of code"),
+    ({0: "logits = model(x)", 1: 9999}, "rank 1: 9999 names no line"),
+])
+def test_the_eval_stuck_check_says_which_rank_is_wrong(answer, reason):
+    verdict = labs.get("eval_stuck").check(answer)
+    assert not verdict.ok and reason in verdict.reason, verdict.reason
+
+
+def test_the_eval_stuck_check_passes_the_reference_and_fails_the_first_jobs_answer():
+    """By number, by code (spaced or commented otherwise, or as digits); the first job's
+    answer and the dump's top lines, which are torch's, fail (labs check's earlier runs)."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+    from workshop_lib.labs.__main__ import prove_rules
+
+    reference = labs.solution("eval_stuck")
+    stub = (FILES / "eval_debugging_stub.py").read_text().splitlines()
+    assert [stub[line - 1].strip() for line in reference.values()] == [
+        "logits = model(x)", "dist.barrier()  # every rank waits for rank 0's checkpoint "
+                             "before going on"]
+    for answer in (reference, dict(debugging.EVAL_WAITS),
+                   {0: "logits=model( x )  # here", 1: str(reference[1])}):
+        assert labs.get("eval_stuck").check(answer).ok, answer
+    assert labs.get("stuck_ranks").solution() in EXERCISES["eval_stuck"].earlier_runs()
+    assert prove_rules(EXERCISES["eval_stuck"]) == []
+
+
+def test_eval_debugging_refuses_the_scripts_the_notebook_ran_and_a_job_without_ddp(
+        monkeypatch, tmp_path):
+    """The unchanged second job, the first job's fix (the reference, or the learner's own
+    my_debug_job.py beside it) and a "fix" that drops DDP are refused without a launch; the
+    first job's check refuses a job without DDP too."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+    from workshop_lib.labs.__main__ import prove_rules
+
+    def no_launch(*_, **__):
+        raise AssertionError("launched a script the check must refuse")
+
+    monkeypatch.setattr(debugging, "run_job", no_launch)
+    exercise = EXERCISES["eval_debugging"]
+    unchanged = exercise.stub(path=tmp_path / "my_debug_eval_job.py")
+    unchanged.write_text("# read it\n" + unchanged.read_text())
+    verdict = exercise.check(unchanged)
+    assert not verdict.ok and exercise.stub_reason in verdict.reason, verdict.reason
+    own_first_fix = (FILES / "debugging_solution.py").read_text().replace(
+        "        dist.all_reduce(sums)  # every rank takes part in every collective\n",
+        "        dist.all_reduce(sums)\n")
+    (tmp_path / "my_debug_job.py").write_text(own_first_fix + "\n# mine\n")
+    unchanged.write_text(own_first_fix)
+    verdict = exercise.check(unchanged)
+    assert not verdict.ok and "the first job's fix" in verdict.reason, verdict.reason
+    for key, stub in (("eval_debugging", "eval_debugging_solution.py"),
+                      ("debugging", "debugging_solution.py")):
+        no_ddp = tmp_path / f"{key}_no_ddp.py"
+        no_ddp.write_text((FILES / stub).read_text()
+                          .replace('DDP(models.build("cnn", info))', 'models.build("cnn", info)')
+                          .replace("model.module", "model"))
+        verdict = EXERCISES[key].check(no_ddp)
+        assert not verdict.ok and "no longer wraps the model in" in verdict.reason, key
+    assert prove_rules(exercise) == []
 
 
 def test_the_stuck_ranks_check_passes_the_reference_by_line_or_by_code():

@@ -167,7 +167,7 @@ def assert_on(device, *tensors):
 
 
 def course_functions(module, device, monkeypatch, wrapped=False):
-    """The course's ``train_epoch``/``evaluate`` (train.py, train_ddp.py, debug_job.py):
+    """The course's ``train_epoch``/``evaluate`` (train.py, train_ddp.py, notebook 04's jobs):
     the course CNN on digits, batches from ``data.TensorLoader`` on the device."""
     train_set, val_set, info = data.load("digits")
     torch.manual_seed(0)
@@ -286,6 +286,9 @@ CASES = {
     "train_ddp.py": module_functions(train_ddp, wrapped=True),
     "debugging_stub.py": script(FILES / "debugging_stub.py", course_functions),
     "debugging_solution.py": script(FILES / "debugging_solution.py", course_functions),
+    "eval_debugging_stub.py": script(FILES / "eval_debugging_stub.py", course_functions),
+    "eval_debugging_solution.py": script(FILES / "eval_debugging_solution.py",
+                                         course_functions),
     "conversion_stub.py": script(FILES / "conversion_stub.py", exercise_trainer),
     "conversion_solution.py": script(FILES / "conversion_solution.py", exercise_trainer),
     "notebook 02: my_train_ddp.py": cell_script(NOTEBOOK_02, "my_train_ddp.py",

@@ -13,6 +13,7 @@ from conftest import REPO, execute_notebook, notebook_text_outputs
 from workshop_lib import notebook as notebook_helpers
 from workshop_lib import runlog
 from workshop_lib.findings import when_things_go_wrong as nb04
+from workshop_lib.labs import when_things_go_wrong
 
 HANG_TIMEOUT_S = 15
 NOTEBOOK = "04_when_things_go_wrong.ipynb"
@@ -39,7 +40,7 @@ def test_every_launch_writes_to_a_folder_emptied_first():
             items = node.elts
             outs += [items[i + 1] for i, item in enumerate(items[:-1])
                      if isinstance(item, ast.Constant) and item.value == "--out"]
-    assert len(outs) >= 5, "crash, hang, debugging, restart, uninterrupted"
+    assert len(outs) >= 6, "crash, hang, debugging, restart, uninterrupted, the second job"
     for out in outs:
         assert re.fullmatch(r"notebook\.fresh\(.*\)", ast.unparse(out)), ast.unparse(out)
 
@@ -89,6 +90,32 @@ def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(execu
     assert "Timed out waiting" in text, "the stuck job ends at its collective timeout"
     assert "Detected mismatch between collectives" in text, "TORCH_DISTRIBUTED_DEBUG=DETAIL"
     assert "PASS: the job finishes" in text
+    dump = plain(text)
+    for rank, line in when_things_go_wrong.WAITS.items():  # the answer is what py-spy showed
+        assert f"(debug_job.py:{when_things_go_wrong.line_of(line)})" in dump, (rank, line)
+
+
+@pytest.mark.slow
+def test_the_second_job_hangs_in_ddps_buffer_broadcast_and_its_fix_passes(executions):
+    """Rank 0's stack goes from the script's evaluation forward into DDP's buffer broadcast;
+    rank 1's from the barrier; the reference answer is those lines, and the fix passes."""
+    _, _, text = executions[0]
+    debugging = when_things_go_wrong
+    forward = debugging.line_of(debugging.EVAL_WAITS[0], debugging.EVAL_STUB)
+    barrier = debugging.line_of(debugging.EVAL_WAITS[1], debugging.EVAL_STUB)
+    dump = plain(text)[plain(text).index("debug_eval_job.py --out"):]
+    assert f"evaluate (debug_eval_job.py:{forward})" in dump
+    assert f"main (debug_eval_job.py:{barrier})" in dump
+    assert dump.index("_distributed_broadcast_coalesced") < dump.index(
+        f"evaluate (debug_eval_job.py:{forward})"), "the broadcast is above the forward"
+    assert f"PASS: rank 0 waits in line {forward} (logits = model(x))" in text
+    assert "def will_sync_module_buffers" in text, "the installed torch's rule, printed"
+    assert text.count("PASS: the job finishes") == 2, "both fixes pass"
+
+
+def plain(text):
+    """Text without the terminal's colour codes (py-spy prints some)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 @pytest.mark.slow

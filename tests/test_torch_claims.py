@@ -73,3 +73,41 @@ def test_bucketed_wrapper_inherits_the_librarys_overlap_class():
     said = markdown("07_inside_ddp.ipynb")
     assert "from your section 1 class" not in said
     assert "the library's section 1 class" in said
+
+
+def test_a_forward_through_ddp_broadcasts_buffers_after_a_step_with_gradients():
+    """Notebook 04's second hang: a forward through the DDP wrapper syncs the module's
+    buffers when the wrapper's previous forward ran with gradients (so the first evaluation
+    batch after training does, the next ones do not), under ``forward_sync_buffers``, the
+    name that replaced ``broadcast_buffers`` in 2.13. Counted on a one-rank group."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    documented = " ".join(DistributedDataParallel.__doc__.split())
+    assert "broadcast_buffers (bool or None): Flag that enables syncing (broadcasting) buffers " \
+           "of the module at beginning of the ``forward`` function. (default: ``None``) .. " \
+           "deprecated:: 2.13 Use ``forward_sync_buffers`` instead." in documented
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                                            torch.nn.BatchNorm1d(4)))
+        synced, now, sync = [], [], model._sync_buffers
+        model._sync_buffers = lambda: (synced.append(now[-1]), sync())
+        x = torch.randn(8, 4)
+        for phase, grad in [("train 1", True), ("eval 1", False), ("eval 2", False),
+                            ("train 2", True), ("train 3", True)]:
+            now.append(phase)
+            with torch.set_grad_enabled(grad):
+                out = model(x)
+            if grad:
+                out.sum().backward()
+        assert synced == ["train 1", "eval 1", "train 3"]
+        assert model.forward_sync_buffers
+    finally:
+        dist.destroy_process_group()
+    said = markdown("04_when_things_go_wrong.ipynb")
+    assert "deprecated since PyTorch 2.13" in said
+    assert "on after one with gradients (a training step), off after one under " \
+           "`torch.no_grad()`" in said
+    assert "evaluating through the DDP wrapper on rank 0 only" not in said, \
+        "section 2 does not give the second job's answer away"

@@ -97,8 +97,9 @@ SESSIONS = (
     Session("notebooks/04_when_things_go_wrong.ipynb",
             "crash a rank, hang a collective, kill a rank and resume from the checkpoint (bit "
             "for bit the uninterrupted job); read where each rank of a hung job waits, then "
-            "debug it", (45, 45),
-            Budget(reading=12, exercises=15, cpu_run=12, gpu_run=8)),
+            "debug it (optional: a second hang, in a forward through DDP)", (45, 45),
+            Budget(reading=12, exercises=15, cpu_run=12, gpu_run=8,
+                   optional=(("a second hang, found the same way", 12),))),
     Session("notebooks/05_worked_example.ipynb",
             "mixed precision, memory and its remedies, gradient accumulation, DataParallel "
             "against DDP, a step's profile, an input-bound DataLoader; fit global batch 256 "

@@ -1,19 +1,23 @@
-"""Notebook 04, "Debug this job": a DDP script that hangs; the learner finds why and fixes it.
+"""Notebook 04, "Debug this job": DDP scripts that hang; the learner finds why and fixes them.
 
-First, ``stuck_ranks``: from the stuck job's stack dump alone (no script shown yet), the
-learner says which line of ``debug_job.py`` each rank waits in, as a dict ``{rank: line}``
-(its number, or its text). Only then come ``DETAIL``, the cut-down script and the fix.
+Two colleagues' jobs, each debugged the same way. First the learner says, from the stuck
+job's stack dump alone (no script shown yet), which line each rank waits in, as a dict
+``{rank: line}`` (its number, or its code); then fixes the script.
 
-``files/debugging_stub.py`` trains, evaluates after each epoch and saves a checkpoint from rank
-0, and stops making progress at the end of its first epoch. The learner reads the
-launcher's summary, dumps the stuck ranks' stacks (``Job.dump_stacks()``, py-spy), runs
-the job's end-of-epoch collectives cut down to ``files/debugging_excerpt.py`` with
-``TORCH_DISTRIBUTED_DEBUG=DETAIL``, and writes the fixed script. The check runs
-the learner's script on two processes: it must finish, and the accuracy it reports must
-cover the whole validation set (a "fix" that drops the all-reduce finishes too, but
-reports one rank's share). The cut-down script the notebook ran is no answer: it is
-refused before anything launches (the unchanged job is the exercise's stub, which the check
-launches and fails).
+- ``debug_job.py`` (``files/debugging_stub.py``; exercises ``stuck_ranks``, ``debugging``)
+  trains, evaluates after each epoch and saves a checkpoint from rank 0, and stops making
+  progress at the end of its first epoch: rank 0 alone calls an all-reduce. After the
+  answer come ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on the job's end-of-epoch collectives
+  cut down to ``files/debugging_excerpt.py``, and the fix.
+- ``debug_eval_job.py`` (``files/eval_debugging_stub.py``; ``eval_stuck``,
+  ``eval_debugging``, an optional section) lets rank 0 alone evaluate, and hangs with no
+  ``dist.`` call inside its ``if rank == 0:``: the evaluation's forward goes through the
+  DDP wrapper, which after a training step broadcasts the module's buffers from rank 0.
+
+Each fix is checked by running the learner's script on two processes: it must finish,
+still train with DDP, and report the accuracy of the whole validation set (a "fix" that
+drops the all-reduce finishes too, but reports one rank's share). The scripts the notebook
+already ran are no answer: they are refused before anything launches.
 """
 import ast
 import io
@@ -34,21 +38,31 @@ def run_job(path, out, env=None):
                       stream=io.StringIO(), env={"CUDA_VISIBLE_DEVICES": "", **(env or {})})
 
 
-def check(path):
+def check_fixed_job(path, stub, job, hint, ran_before):
+    """The learner's fix of the hanging job ``job`` (the notebook wrote ``stub`` under that
+    name): it finishes on two processes, still wraps the model in DDP, and reports the
+    accuracy of the whole validation set. ``ran_before``: (file, words) of the scripts the
+    notebook ran before this exercise, refused without a launch."""
     path = Path(path)
     if not path.is_file():
         return Verdict(False, f"{path} does not exist: run the %%writefile cell first")
+    text = path.read_text()
     # The scripts the notebook already ran, refused before a launch: the unchanged job
-    # (it hangs until the collective timeout, as the learner saw) and the cut-down one.
-    if same_code(path.read_text(), (FILES / "debugging_stub.py").read_text()):
-        return Verdict(False, f"{path.name} is still the job the notebook ran above "
-                              f"(debug_job.py), unchanged in its code, and that job hangs "
-                              f"until its {DIST_TIMEOUT_S} s collective timeout: the job still "
-                              f"fails. Find the collective only one rank calls, and fix it")
-    if same_code(path.read_text(), (FILES / "debugging_excerpt.py").read_text()):
-        return Verdict(False, f"{path.name} is the cut-down script the notebook ran under "
-                              f"DETAIL (debug_mismatch.py), only the end of an epoch: fix the "
-                              f"job itself, debug_job.py, in the %%writefile cell")
+    # (it hangs until the collective timeout, as the learner saw), and the others.
+    if same_code(text, (FILES / stub).read_text()):
+        return Verdict(False, f"{path.name} is still the job the notebook ran above ({job}), "
+                              f"unchanged in its code, and that job hangs until its "
+                              f"{DIST_TIMEOUT_S} s collective timeout: the job still fails. "
+                              f"{hint}")
+    for earlier, words in ran_before:
+        if earlier.is_file() and earlier.resolve() != path.resolve() \
+                and same_code(text, earlier.read_text()):
+            return Verdict(False, f"{path.name} is {words}: fix the job itself, {job}, in "
+                                  f"the %%writefile cell")
+    if not wraps_in_ddp(text):
+        return Verdict(False, f"{path.name} no longer wraps the model in "
+                              f"DistributedDataParallel: without it each rank trains its own "
+                              f"copy on half the data. Keep DDP and fix what hangs")
     out = Path(tempfile.mkdtemp(prefix="lab-debugging-"))
     result = run_job(path, out)
     if not result.ok:
@@ -63,10 +77,32 @@ def check(path):
     samples = runlog.load_json(reported)["val_samples"]
     if samples != len(val_set):
         return Verdict(False, f"the job finishes, but its accuracy covers {samples} of the "
-                              f"{len(val_set)} validation samples: every rank must add its "
-                              f"sums in (the all-reduce), only the printing is rank 0's")
+                              f"{len(val_set)} validation samples: the accuracy reported must "
+                              f"be the whole validation set's")
     return Verdict(True, f"the job finishes in {result.seconds:.0f} s and reports the global "
                          f"accuracy over all {samples} validation samples")
+
+
+def check(path):
+    """The fix of debug_job.py (exercise ``debugging``)."""
+    return check_fixed_job(
+        path, "debugging_stub.py", "debug_job.py",
+        "Find the collective only one rank calls, and fix it",
+        [(FILES / "debugging_excerpt.py", "the cut-down script the notebook ran under DETAIL "
+                                          "(debug_mismatch.py), only the end of an epoch")])
+
+
+def check_eval(path):
+    """The fix of debug_eval_job.py (exercise ``eval_debugging``). The first job's scripts,
+    the reference and the learner's own fix beside this one, are refused too: they finish,
+    but they are another job."""
+    path = Path(path)
+    first = "the first job's fix (debug_job.py's), not this job's"
+    return check_fixed_job(
+        path, "eval_debugging_stub.py", "debug_eval_job.py",
+        "Find what rank 0 calls that the other ranks do not, and fix it",
+        [(FILES / "debugging_solution.py", first), (path.parent / "my_debug_job.py", first),
+         (FILES / "debugging_stub.py", "the first job, debug_job.py")])
 
 
 def same_code(text, other):
@@ -75,6 +111,19 @@ def same_code(text, other):
         return ast.dump(ast.parse(text)) == ast.dump(ast.parse(other))
     except SyntaxError:
         return False
+
+
+def wraps_in_ddp(text):
+    """Whether a script calls DistributedDataParallel (under that name, or as DDP)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return True  # let the launch report the syntax error, with its line
+    names = {"DDP", "DistributedDataParallel"}
+    return any(isinstance(node, ast.Call) and (
+        isinstance(node.func, ast.Name) and node.func.id in names
+        or isinstance(node.func, ast.Attribute) and node.func.attr in names)
+        for node in ast.walk(tree))
 
 
 def copy(name, path=None, default="my_debug_job.py"):
@@ -97,13 +146,14 @@ WAITS = {0: "dist.all_reduce(sums)", 1: "dist.barrier()"}
 COLLECTIVES = ("all_reduce", "barrier", "init_process_group", "destroy_process_group")
 
 
-def stub_lines():
-    return (FILES / "debugging_stub.py").read_text().splitlines()
+def stub_lines(name="debugging_stub.py"):
+    return (FILES / name).read_text().splitlines()
 
 
-def line_of(text):
+def line_of(text, name="debugging_stub.py"):
     """The 1-based number of the stub's line that starts with ``text``."""
-    return next(n for n, line in enumerate(stub_lines(), 1) if line.strip().startswith(text))
+    return next(n for n, line in enumerate(stub_lines(name), 1)
+                if line.strip().startswith(text))
 
 
 def collective_named(said):
@@ -118,20 +168,23 @@ def collective_named(said):
     return named[0] if len(named) == 1 else None
 
 
+def wait_line(function, code):
+    """The line number, in the installed torch, of ``code`` in ``function``'s source."""
+    import inspect
+
+    lines, start = inspect.getsourcelines(inspect.unwrap(function))
+    return next(start + i for i, line in enumerate(lines) if line.strip().startswith(code))
+
+
 def top_frames():
     """Where the stack dump's top frames are, in torch (not in debug_job.py): rank 0's in
     all_reduce, rank 1's in barrier, both at ``work.wait()`` of the installed torch's
     distributed_c10d.py, under c10d_logger's wrapper. Answering them is reading the first
     line of each dump, not finding the line of the script: the check must fail each."""
-    import inspect
-
     import torch.distributed as dist
 
-    def wait_line(collective):
-        lines, start = inspect.getsourcelines(inspect.unwrap(collective))
-        return next(start + i for i, line in enumerate(lines) if line.strip() == "work.wait()")
-
-    return [{0: wait_line(dist.all_reduce), 1: wait_line(dist.barrier)},
+    return [{0: wait_line(dist.all_reduce, "work.wait()"),
+             1: wait_line(dist.barrier, "work.wait()")},
             {0: "work.wait()", 1: "work.wait()"},
             {0: "return func(*args, **kwargs)", 1: "return func(*args, **kwargs)"}]
 
@@ -161,6 +214,75 @@ def check_stuck_ranks(answer):
                          f"neither ever completes; next, find why")
 
 
+# Where each rank of files/eval_debugging_stub.py waits at the end of its first epoch: rank
+# 0 in the evaluation's forward (DDP's buffer broadcast), rank 1 in the barrier.
+EVAL_STUB, EVAL_JOB = "eval_debugging_stub.py", "debug_eval_job.py"
+EVAL_WAITS = {0: "logits = model(x)", 1: "dist.barrier()"}
+
+
+def code_of(line):
+    """A line's code without its comment or any whitespace, to compare answers with."""
+    return "".join(line.split("#", 1)[0].split())
+
+
+def lines_named(said, name=EVAL_STUB):
+    """The numbers of the script's lines an answer names: its line number (an int, or
+    digits), or code found on the line (whitespace and comments aside)."""
+    lines = stub_lines(name)
+    if isinstance(said, str) and said.strip().isdigit():
+        said = int(said)
+    if isinstance(said, bool) or not isinstance(said, int | str):
+        return []
+    if isinstance(said, int):
+        return [said] if 1 <= said <= len(lines) and code_of(lines[said - 1]) else []
+    code = code_of(said)
+    return [n for n, line in enumerate(lines, 1) if code and code in code_of(line)]
+
+
+def check_eval_stuck(answer):
+    name = "where_eval_ranks_wait"
+    if not isinstance(answer, dict) or set(answer) != set(EVAL_WAITS):
+        return Verdict(False, f"fill in {name} as {{0: ..., 1: ...}}: for each rank, the line "
+                              f"of {EVAL_JOB} its stack shows it waiting in (its line number, "
+                              f"or the code on it)")
+    wrong = []
+    for rank, expected in sorted(EVAL_WAITS.items()):
+        said, where = answer[rank], line_of(expected, EVAL_STUB)
+        named = lines_named(said)
+        if said is None:
+            wrong.append(f"fill in {name}[{rank}]: the line of {EVAL_JOB} rank {rank}'s stack "
+                         f"shows it waiting in")
+        elif not named:
+            wrong.append(f"rank {rank}: {said!r} names no line of code in {EVAL_JOB} (give the "
+                         f"line number py-spy shows for the frame in {EVAL_JOB}, or its code)")
+        elif len(named) > 1:
+            wrong.append(f"rank {rank}: {said!r} is on lines {', '.join(map(str, named))} of "
+                         f"{EVAL_JOB}: give the line number, or the whole line")
+        elif named != [where]:
+            wrong.append(f"rank {rank} is not waiting in line {named[0]}: take the frame of "
+                         f"{EVAL_JOB} nearest the top of its stack")
+    if wrong:
+        return Verdict(False, "; ".join(wrong))
+    return Verdict(True, f"rank 0 waits in line {line_of(EVAL_WAITS[0], EVAL_STUB)} "
+                         f"({EVAL_WAITS[0]}), a forward through the DDP wrapper, and rank 1 at "
+                         f"the barrier in line {line_of(EVAL_WAITS[1], EVAL_STUB)}: the frames "
+                         f"above rank 0's line are DDP's, and they end in a broadcast, a "
+                         f"collective rank 1 never joins; next, find why a forward broadcasts")
+
+
+def eval_top_frames():
+    """The eval job's dump read from its first lines, which are torch's: rank 0's in DDP's
+    buffer broadcast, rank 1's in barrier. The check must fail each."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    broadcast = wait_line(DistributedDataParallel._distributed_broadcast_coalesced,
+                          "dist._broadcast_coalesced(")
+    return [{0: broadcast, 1: wait_line(dist.barrier, "work.wait()")},
+            {0: "dist._broadcast_coalesced(", 1: "work.wait()"},
+            {0: "_distributed_broadcast_coalesced", 1: "barrier"}]
+
+
 register(Exercise("stuck_ranks", "04_when_things_go_wrong", "say where each rank of the hung "
                   "job waits, from its stacks",
                   writes="where_ranks_wait: {rank: the line of debug_job.py it waits in}",
@@ -179,3 +301,30 @@ register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hangin
                   stub_reason="still fails",
                   earlier_runs=lambda path=None: [copy("debugging_stub.py", path),
                                                   mismatch_script(path)]))
+
+
+register(Exercise("eval_stuck", "04_when_things_go_wrong", "say where each rank of a second "
+                  "hung job waits, from its stacks (optional)",
+                  writes=f"where_eval_ranks_wait: {{rank: the line of {EVAL_JOB} it waits in}}",
+                  check=check_eval_stuck, stub=lambda: {0: None, 1: None},
+                  solution=lambda: {r: line_of(w, EVAL_STUB) for r, w in EVAL_WAITS.items()},
+                  shown=lambda: "\n".join(f"{rank}: {line_of(line, EVAL_STUB)},  # {line}"
+                                          for rank, line in EVAL_WAITS.items()),
+                  stub_reason="fill in where_eval_ranks_wait",
+                  # the first job's answer, as numbers and as code, and the dump's top lines
+                  earlier_runs=lambda **_: [{0: line_of(WAITS[0]), 1: line_of(WAITS[1])},
+                                            dict(WAITS), *eval_top_frames()]))
+
+
+register(Exercise("eval_debugging", "04_when_things_go_wrong", "find and fix a job that hangs "
+                  "with no collective in sight (optional)",
+                  writes="my_debug_eval_job.py: the second hanging job, fixed",
+                  check=check_eval,
+                  stub=lambda path=None: copy(EVAL_STUB, path, "my_debug_eval_job.py"),
+                  solution=lambda path=None: copy("eval_debugging_solution.py", path,
+                                                  "my_debug_eval_job.py"),
+                  stub_reason=f"still the job the notebook ran above ({EVAL_JOB})",
+                  earlier_runs=lambda path=None: [
+                      copy(EVAL_STUB, path, "my_debug_eval_job.py"),
+                      copy("debugging_solution.py", path, "my_debug_eval_job.py"),
+                      copy("debugging_stub.py", path, "my_debug_eval_job.py")]))

@@ -60,7 +60,7 @@ def main():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        sums = evaluate(model.module, val_loader)
+        sums = evaluate(model, val_loader)
         dist.all_reduce(sums)  # every rank takes part in every collective
         if rank == 0:
             print(f"epoch {epoch}: val_acc {sums[1] / sums[2]:.4f} over {int(sums[2])} "

@@ -60,7 +60,7 @@ def main():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        sums = evaluate(model.module, val_loader)
+        sums = evaluate(model, val_loader)
         if rank == 0:
             dist.all_reduce(sums)
             print(f"epoch {epoch}: val_acc {sums[1] / sums[2]:.4f} over {int(sums[2])} "
