@@ -582,3 +582,48 @@ def test_debugging_refuses_the_scripts_the_notebook_ran_before_launching_them(mo
     assert "unchanged in its code" in verdict.reason
     assert prove_rules(EXERCISES["debugging"]) == []
     assert not debugging.same_code(excerpt.read_text(), (FILES / "debugging_stub.py").read_text())
+
+
+@pytest.mark.parametrize("job", ["eval_debugging", "debugging"])
+def test_a_fixed_job_must_report_its_saved_models_accuracy_and_have_learned(job, monkeypatch,
+                                                                             tmp_path):
+    """After the launch (stood in for here: it writes what a job would), the fix check
+    reads the saved model back: a made-up val_acc, a model that did not learn and a missing
+    checkpoint fail; a state saved from the DDP wrapper ("module." keys) is read too."""
+    import json
+    import types
+
+    import torch
+
+    from workshop_lib import data, models
+    from workshop_lib.labs import when_things_go_wrong as debugging
+
+    _, val_set, info = data.load("digits")
+    torch.manual_seed(0)
+    untrained = models.build("cnn", info)
+    scored = debugging.saved_model_accuracy
+    writes = {}
+
+    def launched(path, out):
+        out.mkdir(parents=True, exist_ok=True)
+        state = untrained.state_dict()
+        if writes.get("checkpoint") == "wrapper":
+            state = {f"module.{k}": v for k, v in state.items()}
+        if writes.get("checkpoint"):
+            torch.save(state, out / "checkpoint.pt")
+            writes["val_acc"] = writes["val_acc"] or scored(out / "checkpoint.pt", val_set,
+                                                              info)
+        (out / "result.json").write_text(json.dumps({"val_acc": writes["val_acc"],
+                                                     "val_samples": len(val_set)}))
+        return types.SimpleNamespace(ok=True, seconds=1.0)
+
+    monkeypatch.setattr(debugging, "run_job", launched)
+    fix = EXERCISES[job].solution(path=tmp_path / "fix.py")
+    for checkpoint, val_acc, reason in [
+            ("module", 0.99, "but the model it saved scores"),
+            ("module", None, f"under {debugging.LEARNED}"),
+            ("wrapper", None, f"under {debugging.LEARNED}"),
+            (None, 0.99, "wrote no checkpoint.pt")]:
+        writes.update(checkpoint=checkpoint, val_acc=val_acc)
+        verdict = EXERCISES[job].check(fix)
+        assert not verdict.ok and reason in verdict.reason, (checkpoint, verdict.reason)

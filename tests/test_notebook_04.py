@@ -106,8 +106,11 @@ def test_the_second_job_hangs_in_ddps_buffer_broadcast_and_its_fix_passes(execut
     dump = plain(text)[plain(text).index("debug_eval_job.py --out"):]
     assert f"evaluate (debug_eval_job.py:{forward})" in dump
     assert f"main (debug_eval_job.py:{barrier})" in dump
-    assert dump.index("_distributed_broadcast_coalesced") < dump.index(
-        f"evaluate (debug_eval_job.py:{forward})"), "the broadcast is above the forward"
+    frames = ["._distributed_broadcast_coalesced (", "._default_broadcast_coalesced (",
+              "._sync_module_buffers (", "._sync_buffers (", "._pre_forward (", ".forward (",
+              f"evaluate (debug_eval_job.py:{forward})"]
+    at = [dump.index(frame) for frame in frames]
+    assert at == sorted(at), "the frames the notebook names, in the dump's order, top first"
     assert f"PASS: rank 0 waits in line {forward} (logits = model(x))" in text
     assert "def will_sync_module_buffers" in text, "the installed torch's rule, printed"
     assert text.count("PASS: the job finishes") == 2, "both fixes pass"

@@ -103,11 +103,15 @@ def test_a_forward_through_ddp_broadcasts_buffers_after_a_step_with_gradients():
                 out.sum().backward()
         assert synced == ["train 1", "eval 1", "train 3"]
         assert model.forward_sync_buffers
+        assert "authoritative_rank = 0" in inspect.getsource(
+            DistributedDataParallel._sync_buffers), "broadcast from rank 0"
     finally:
         dist.destroy_process_group()
     said = markdown("04_when_things_go_wrong.ipynb")
     assert "deprecated since PyTorch 2.13" in said
-    assert "on after one with gradients (a training step), off after one under " \
-           "`torch.no_grad()`" in said
+    assert "on after one with gradients (a training step outside `no_sync()`), off after one " \
+           "under `torch.no_grad()`" in said
+    assert "_sync_module_buffers`, `_default_broadcast_coalesced` and, at the top, " \
+           "`_distributed_broadcast_coalesced`" in said, "the frames, in the dump's order"
     assert "evaluating through the DDP wrapper on rank 0 only" not in said, \
         "section 2 does not give the second job's answer away"

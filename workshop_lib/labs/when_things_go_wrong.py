@@ -16,7 +16,9 @@ job's stack dump alone (no script shown yet), which line each rank waits in, as 
 
 Each fix is checked by running the learner's script on two processes: it must finish,
 still train with DDP, and report the accuracy of the whole validation set (a "fix" that
-drops the all-reduce finishes too, but reports one rank's share). The scripts the notebook
+drops the all-reduce finishes too, but reports one rank's share), the accuracy that the
+model it saved has (a skipped or made-up evaluation does not pass), and that model must
+have learned. The scripts the notebook
 already ran are no answer: they are refused before anything launches.
 """
 import ast
@@ -29,6 +31,7 @@ from workshop_lib.labs import Exercise, Verdict, register
 
 FILES = Path(__file__).resolve().parent / "files"
 DIST_TIMEOUT_S, LIMIT_S = 20, 120
+LEARNED = 0.9  # the least validation accuracy of a job that still trains (reference: 0.97)
 
 
 def run_job(path, out, env=None):
@@ -41,7 +44,8 @@ def run_job(path, out, env=None):
 def check_fixed_job(path, stub, job, hint, ran_before):
     """The learner's fix of the hanging job ``job`` (the notebook wrote ``stub`` under that
     name): it finishes on two processes, still wraps the model in DDP, and reports the
-    accuracy of the whole validation set. ``ran_before``: (file, words) of the scripts the
+    accuracy of the whole validation set, which is the saved model's, at least ``LEARNED``.
+    ``ran_before``: (file, words) of the scripts the
     notebook ran before this exercise, refused without a launch."""
     path = Path(path)
     if not path.is_file():
@@ -69,18 +73,48 @@ def check_fixed_job(path, stub, job, hint, ran_before):
         return Verdict(False, f"the job still fails after {result.seconds:.0f} s: "
                               f"{result.summary().strip()} A rank that waits in a collective "
                               f"until the timeout is waiting for a rank that never calls it")
-    _, val_set, _ = data.load("digits")
-    reported = out / "result.json"
-    if not reported.is_file():
-        return Verdict(False, "the job finished but rank 0 wrote no result.json: keep the end "
-                              "of the script as it was")
-    samples = runlog.load_json(reported)["val_samples"]
-    if samples != len(val_set):
-        return Verdict(False, f"the job finishes, but its accuracy covers {samples} of the "
-                              f"{len(val_set)} validation samples: the accuracy reported must "
-                              f"be the whole validation set's")
+    _, val_set, info = data.load("digits")
+    reported, saved = out / "result.json", out / "checkpoint.pt"
+    if not reported.is_file() or not saved.is_file():
+        return Verdict(False, f"the job finished but rank 0 wrote no "
+                              f"{'result.json' if not reported.is_file() else 'checkpoint.pt'}"
+                              f": keep the saving and the end of the script as they were")
+    said = runlog.load_json(reported)
+    if said["val_samples"] != len(val_set):
+        return Verdict(False, f"the job finishes, but its accuracy covers "
+                              f"{said['val_samples']} of the {len(val_set)} validation "
+                              f"samples: the accuracy reported must be the whole validation "
+                              f"set's")
+    # The accuracy reported is the saved model's, and that model learned: a job that
+    # skips or fakes its evaluation, or stops training, does not pass.
+    scored = saved_model_accuracy(saved, val_set, info)
+    if abs(scored - said["val_acc"]) > 1.5 / len(val_set):
+        return Verdict(False, f"the job reports val_acc {said['val_acc']:.4f}, but the model "
+                              f"it saved scores {scored:.4f} on the validation set: report the "
+                              f"accuracy of the model the job trained")
+    if scored < LEARNED:
+        return Verdict(False, f"the model the job saved scores {scored:.4f} on the validation "
+                              f"set, under {LEARNED} (the reference reaches about 0.97 in the "
+                              f"same two epochs): the job must still train as it did")
     return Verdict(True, f"the job finishes in {result.seconds:.0f} s and reports the global "
-                         f"accuracy over all {samples} validation samples")
+                         f"accuracy over all {len(val_set)} validation samples, "
+                         f"{said['val_acc']:.4f}, the saved model's")
+
+
+def saved_model_accuracy(path, val_set, info):
+    """The accuracy on ``val_set`` of the course CNN whose state the job saved at ``path``
+    (saved from the module or from the DDP wrapper: a ``module.`` prefix is dropped)."""
+    import torch
+
+    from workshop_lib import models
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model = models.build("cnn", info)
+    model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+    model.eval()
+    x, y = val_set.tensors
+    with torch.no_grad():
+        return (model(x).argmax(dim=1) == y).float().mean().item()
 
 
 def check(path):
@@ -133,10 +167,10 @@ def copy(name, path=None, default="my_debug_job.py"):
 
 
 def mismatch_script(path=None):
-    """A copy of ``files/debugging_excerpt.py``: the end of debug_job.py's epoch (the same
-    collectives in the same order on each rank) without the model, small enough to run with
-    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo, where PyTorch 2.14's ``DDP(...)`` crashes
-    under ``DETAIL`` (tests/test_labs.py pins both)."""
+    """A copy of ``files/debugging_excerpt.py``: the end of debug_job.py's epoch after the
+    evaluation (its collectives in the same order on each rank) without the model, small
+    enough to run with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo, where PyTorch 2.14's
+    ``DDP(...)`` crashes under ``DETAIL`` (tests/test_labs.py pins both)."""
     return copy("debugging_excerpt.py", path, default="debug_mismatch.py")
 
 
@@ -265,9 +299,10 @@ def check_eval_stuck(answer):
         return Verdict(False, "; ".join(wrong))
     return Verdict(True, f"rank 0 waits in line {line_of(EVAL_WAITS[0], EVAL_STUB)} "
                          f"({EVAL_WAITS[0]}), a forward through the DDP wrapper, and rank 1 at "
-                         f"the barrier in line {line_of(EVAL_WAITS[1], EVAL_STUB)}: the frames "
-                         f"above rank 0's line are DDP's, and they end in a broadcast, a "
-                         f"collective rank 1 never joins; next, find why a forward broadcasts")
+                         f"the barrier in line {line_of(EVAL_WAITS[1], EVAL_STUB)}: above rank "
+                         f"0's line are the module's call and DDP's frames, and the top one "
+                         f"is a broadcast, a collective rank 1 never joins; next, find why a "
+                         f"forward broadcasts")
 
 
 def eval_top_frames():

@@ -1,5 +1,5 @@
-"""The end of each epoch of debug_job.py, without the model or the data: the same
-collectives, in the same order, on each rank. Notebook 04 runs it with
+"""The end of each epoch of debug_job.py after its evaluation, without the model or the
+data: the collectives that follow it, in the same order, on each rank. Notebook 04 runs it with
 TORCH_DISTRIBUTED_DEBUG=DETAIL, which checks before every collective that all ranks call
 the same one.
 
