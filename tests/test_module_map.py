@@ -1,5 +1,6 @@
 """The package's module map lists every module (and nothing that is gone)."""
 import re
+import subprocess
 
 import workshop_lib
 from conftest import REPO
@@ -26,3 +27,15 @@ def test_findings_has_one_module_per_notebook_named_like_it():
     slugs = {p.stem[3:] for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     modules = {p.stem for p in (PACKAGE / "findings").glob("*.py")} - {"__init__", "base"}
     assert modules == slugs
+
+
+LEFTOVER = re.compile(r"\.(orig|rej|bak|swp)$|~$")  # what merges and editors leave behind
+
+
+def test_no_merge_or_editor_leftover_is_tracked():
+    """A leftover copy (findings/worked_example.py.orig was committed once) is read as if it
+    were code and drifts from the module it copies."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+    assert not [f for f in tracked if LEFTOVER.search(f)]
+    assert LEFTOVER.search("workshop_lib/findings/worked_example.py.orig")
