@@ -263,6 +263,14 @@ def test_precision_and_remedy_verdicts_follow_their_bars():
                                 "bf16": with_memory(0.975, 2.0, 1300),
                                 "fp16": with_memory(0.90, 2.0, 100)})
     assert found["bf16"].holds and not found["fp16"].holds
+    assert found["bf16_speed"].skipped and "1.30x" in found["bf16_speed"].text
+    on_gpu = {name: with_memory(0.98, 4.0, sps) for name, sps in
+              (("fp32", 1000), ("bf16", 1300), ("fp16", 1050))}
+    for r in on_gpu.values():
+        r.start["device"] = "cuda:0"
+    found = nb05.precision(on_gpu)
+    assert found["bf16_speed"].holds and found["fp16_speed"].holds is False
+    assert "bar: 1.1x" in found["fp16_speed"].text
     found = nb05.remedies({"plain": with_memory(0.98, 10.0, 1000),
                                "accumulate": with_memory(0.98, 2.5, 900),
                                "bf16": with_memory(0.98, 7.0, 1100)}, "plain")
