@@ -58,7 +58,7 @@ def test_amdahls_law_is_read_right_after_the_promise_is_measured(executed):
     law = next(i for i, src in enumerate(sources) if "findings.amdahl(" in src)
     explained = next(i for i, src in enumerate(sources) if "Amdahl's law (1967)" in src)
     assert promise < explained < law <= explained + 1 < promise + 4
-    assert "**strong scaling**" in sources[explained] and "Gustafson (1988)" in \
+    assert "**weak scaling**" in sources[explained] and "Gustafson (1988)" in \
         sources[explained]
 
 

@@ -286,8 +286,12 @@ def amdahl_speedup(serial, n):
 
 
 def amdahl(baseline, scaled):
-    """Amdahl's law on the promise's own epochs: 1 process against N, the same training set
-    per epoch divided over the N (strong scaling). ``baseline``, ``scaled``: lists of Runs."""
+    """Amdahl's law on the promise's own epochs: 1 process against N at the same batch per
+    process (weak scaling in the scaling tables' words), the same training set per epoch
+    divided over the N. s is measured from S as Karp and Flatt proposed; it absorbs the time
+    the N processes added (the all-reduce, waiting), so it predicts to more processes only
+    where they bring more compute (GPUs), never on a CPU whose cores they share.
+    ``baseline``, ``scaled``: lists of Runs."""
     n = scaled[0].start["world_size"]
     if n < 2:
         return Findings([skipped("amdahl", "the scaled runs had one process: no speed-up to "
@@ -296,7 +300,8 @@ def amdahl(baseline, scaled):
     speedup = t1 / tn
     serial = serial_fraction(speedup, n)
     measured = (f"An epoch took {t1:.2f} s on 1 process and {tn:.2f} s on {n}: speed-up "
-                f"S = {speedup:.2f}, so Amdahl's serial fraction s = (N/S - 1)/(N - 1) = "
+                f"S = {speedup:.2f}, so the serial fraction (Karp-Flatt: Amdahl's law "
+                f"solved for s) s = (N/S - 1)/(N - 1) = "
                 f"({n}/{speedup:.3f} - 1)/({n} - 1) = {serial:.2f}.")
     on_cpu = not str(scaled[0].start["device"]).startswith("cuda")
     if serial < 0:
@@ -323,12 +328,13 @@ def amdahl(baseline, scaled):
                f"processes." if small else
                f"above {ALMOST_PARALLEL}: {serial:.0%} of the one-process epoch behaves as "
                f"serial work, time that did not shrink with N.")
-    caveat = (" On this CPU the processes share its cores, so more processes bring no more "
-              "compute: these are not predictions for this machine."
-              if on_cpu else
-              " A prediction from two points: it holds only while what did not divide stays "
-              "the same size as N grows (the all-reduce changes with N).")
-    return Findings([Finding(
-        "amdahl", f"{measured} s is {verdict} If s stayed the same, Amdahl's law predicts "
-                  f"{predicted}, and {ceiling} however many processes.{caveat}",
-        holds=small)])
+    if on_cpu:
+        outlook = ("On this CPU the processes share its cores, so more processes bring no "
+                   "more compute: no prediction to more processes here.")
+    else:
+        outlook = (f"If s stayed the same, Amdahl's law predicts {predicted}, and {ceiling} "
+                   f"however many processes. A prediction from two points: s holds time the "
+                   f"one process never had (the all-reduce, waiting for the slowest rank), "
+                   f"so it holds only while that time stays the same size as N grows (the "
+                   f"all-reduce's changes with N).")
+    return Findings([Finding("amdahl", f"{measured} s is {verdict} {outlook}", holds=small)])
