@@ -8,9 +8,17 @@ resolves each import alias (``import torch.distributed as dist``, ``from torch.n
 import DistributedDataParallel as DDP``, ...), and looks every attribute chain rooted in
 torch up in the installed torch, attribute by attribute, importing submodules where an
 attribute is one (``torch.distributed.elastic`` is not imported by ``import torch``).
+
+A name is not enough: ``DDP(model, forward_sync_buffers=False)`` resolves on every torch
+and raises a TypeError before 2.13. So every keyword argument the course passes to a torch
+callable is looked up in the installed signature too (for functions written in C, the
+signature their docstring documents). A keyword that differs between the torch versions
+the course supports is chosen at run time from the installed signature
+(``workshop_lib.ddp_compat``), never written into a call.
 """
 import ast
 import importlib
+import inspect
 import json
 import re
 
@@ -96,8 +104,11 @@ def attribute_chains(tree, aliases):
     return chains
 
 
-def resolves(chain):
-    """Whether ``torch.a.b…`` names something in the installed torch."""
+MISSING = object()
+
+
+def lookup(chain):
+    """What ``torch.a.b…`` names in the installed torch, or MISSING."""
     parts = chain.split(".")
     obj = importlib.import_module(parts[0])
     for i, part in enumerate(parts[1:], start=2):
@@ -107,8 +118,13 @@ def resolves(chain):
         try:  # a submodule that its package does not import by itself
             obj = importlib.import_module(".".join(parts[:i]))
         except ImportError:
-            return False
-    return True
+            return MISSING
+    return obj
+
+
+def resolves(chain):
+    """Whether ``torch.a.b…`` names something in the installed torch."""
+    return lookup(chain) is not MISSING
 
 
 def used_chains():
@@ -172,3 +188,127 @@ def test_the_allowlist_stays_needed():
     used = used_chains()
     stale = [chain for chain in ALLOWED_DYNAMIC if chain not in used or resolves(chain)]
     assert not stale, f"allowlisted chains no longer needed: {stale}"
+
+
+def keyword_calls(tree, aliases):
+    """``(chain, keyword, line)`` for each keyword argument of a call to a torch callable
+    (``**options`` passes no name to check: it is left out)."""
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        parts, func = [], node.func
+        while isinstance(func, ast.Attribute):
+            parts.append(func.attr)
+            func = func.value
+        if isinstance(func, ast.Name) and func.id in aliases:
+            chain = ".".join([aliases[func.id], *reversed(parts)])
+            calls += [(chain, k.arg, node.lineno) for k in node.keywords if k.arg]
+    return calls
+
+
+DOCUMENTED_PARAMETER = re.compile(r"^[\\*\s]*(\w+)")
+
+
+def documented_keywords(obj):
+    """The parameters a C function's docstring documents (``zeros(*size, *, out=None,
+    dtype=None, ...) -> Tensor``, one line per overload), or None if it documents none."""
+    name = getattr(obj, "__name__", "")
+    headers = [line.strip() for line in (obj.__doc__ or "").splitlines()
+               if line.strip().startswith(f"{name}(") and ")" in line]
+    names = set()
+    for header in headers:
+        inside = header[len(name) + 1:header.rindex(")")]
+        names |= {m.group(1) for part in inside.split(",")
+                  if (m := DOCUMENTED_PARAMETER.match(part))}
+    return names or None
+
+
+def accepted_keywords(obj):
+    """The keyword names ``obj`` takes; ANY where it takes ``**kwargs``; None if unknown."""
+    try:
+        parameters = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):  # written in C: no signature object
+        return documented_keywords(obj)
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return ANY
+    return {p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY}
+
+
+ANY = object()
+
+
+def unknown_keywords(source, where="<probe>"):
+    """``(chain, keyword, where:line)`` for each keyword the installed signature lacks, and
+    the calls checked."""
+    tree = ast.parse(source)
+    aliases, _ = torch_aliases(tree)
+    unknown, checked = [], []
+    for chain, keyword, line in keyword_calls(tree, aliases):
+        obj = lookup(chain)
+        if obj is MISSING:  # the name test above reports it
+            continue
+        accepted = accepted_keywords(obj)
+        if accepted is None:
+            raise AssertionError(f"{chain} ({where}:{line}) has neither a signature nor a "
+                                 f"documented one: teach accepted_keywords to read it")
+        checked.append((chain, keyword))
+        if accepted is not ANY and keyword not in accepted:
+            unknown.append((chain, keyword, f"{where}:{line}"))
+    return unknown, checked
+
+
+def test_every_keyword_the_course_passes_to_torch_is_in_the_installed_signature():
+    unknown, checked = [], []
+    for where, source in python_sources():
+        found, calls = unknown_keywords(source, where)
+        unknown += found
+        checked += calls
+    assert not unknown, f"keyword arguments torch {torch_version()} does not take:\n" + \
+        "\n".join(f"  {chain}(..., {keyword}=...)  ({where})"
+                   for chain, keyword, where in unknown)
+    # The reader sees keywords of Python callables, classes and C functions alike.
+    assert {("torch.nn.parallel.DistributedDataParallel", "device_ids"),
+            ("torch.distributed.all_reduce", "op"), ("torch.zeros", "device"),
+            ("torch.utils.data.DataLoader", "num_workers")} <= set(checked)
+
+
+def torch_version():
+    import torch
+
+    return torch.__version__
+
+
+@pytest.mark.parametrize("source, planted", [
+    # DDP's 2.13 keyword in a call, as the course once wrote it, with a name no torch has
+    ("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+     "DDP(model, device_ids=None, forward_sync_bufers=False)",
+     ("torch.nn.parallel.DistributedDataParallel", "forward_sync_bufers")),
+    ("import torch.distributed as dist\ndist.all_reduce(t, asynch_op=True)",
+     ("torch.distributed.all_reduce", "asynch_op")),
+    ("import torch\ntorch.zeros((), devise='cpu')", ("torch.zeros", "devise")),  # C function
+    ("import torch.nn as nn\nnn.Conv2d(3, 8, 3, padding=1, bais=False)",
+     ("torch.nn.Conv2d", "bais")),
+])
+def test_a_keyword_torch_does_not_take_is_caught(source, planted):
+    unknown, checked = unknown_keywords(source)
+    assert [(chain, keyword) for chain, keyword, _ in unknown] == [planted]
+    assert len(checked) >= 1
+
+
+def test_the_ddp_buffer_option_follows_the_installed_signature(monkeypatch):
+    """torch 2.11 and 2.12 take ``broadcast_buffers`` only; 2.13 and newer take
+    ``forward_sync_buffers`` (and warn on the old name)."""
+    from workshop_lib import ddp_compat
+
+    keywords = ddp_compat.ddp_keywords()
+    expected = "forward_sync_buffers" if "forward_sync_buffers" in keywords \
+        else "broadcast_buffers"
+    assert ddp_compat.buffer_sync(False) == {expected: False}
+    assert ddp_compat.options(forward_sync_buffers=True, static_graph=True) == \
+        {expected: True, "static_graph": True}
+    older = keywords - {"forward_sync_buffers"} | {"broadcast_buffers"}
+    monkeypatch.setattr(ddp_compat, "ddp_keywords", lambda: older)
+    assert ddp_compat.buffer_sync(False) == {"broadcast_buffers": False}
+    assert ddp_compat.options(forward_sync_buffers=False, bucket_cap_mb=1) == \
+        {"broadcast_buffers": False, "bucket_cap_mb": 1}

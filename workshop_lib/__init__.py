@@ -5,6 +5,7 @@ Modules, one idea each (a test keeps this list complete):
 The training scripts and what they are made of
 - ``train``          the single-device training script
 - ``train_ddp``      the same script with DistributedDataParallel (notebook 02)
+- ``ddp_compat``     DDP's options under the names the installed torch takes
 - ``cli``            the flags both scripts share, and their checks
 - ``data``           datasets: registry, readers, samplers, the device-resident loader
 - ``shards``         datasets as WebDataset record shards, read rank by rank (notebook 06)

@@ -24,6 +24,7 @@ from workshop_lib import (
     checkpoint,
     cli,
     data,
+    ddp_compat,
     distributed,
     faults,
     hardware,
@@ -62,8 +63,9 @@ def wrap(model, device, process_group=None):
     # forward_sync_buffers=False: no re-broadcast of BatchNorm buffers before every forward
     # (training uses batch statistics; fit() syncs the buffers before evaluating). Measured
     # 1.15x faster steps on 2 CPU ranks (python -m workshop_lib.bench, BENCHMARKS.md).
+    # ddp_compat names it as the installed torch does (broadcast_buffers before 2.13).
     return DDP(model, device_ids=[device] if device.type == "cuda" else None,
-               process_group=process_group, forward_sync_buffers=False)
+               process_group=process_group, **ddp_compat.buffer_sync(False))
 
 
 def prepare_dataloaders(args, train_set, val_set, device, rank, world_size):

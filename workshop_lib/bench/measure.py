@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from workshop_lib import data, hardware, train_ddp
+from workshop_lib import data, ddp_compat, hardware, train_ddp
 from workshop_lib.bench.plan import (
     BUFFER_SYNC,
     COURSE,
@@ -200,10 +200,10 @@ def wrap(model, device, group, variant=COURSE, trial=None, trial_group=None):
     device_ids = [device] if device.type == "cuda" else None
     if variant == BUFFER_SYNC:
         return DDP(model, device_ids=device_ids, process_group=group,
-                   forward_sync_buffers=True)
+                   **ddp_compat.buffer_sync(True))
     if trial is not None and (trial.ddp or trial.gloo_threads):
         return DDP(model, device_ids=device_ids, process_group=trial_group or group,
-                   **{**COURSE_DDP_OPTIONS, **dict(trial.ddp)})
+                   **ddp_compat.options(**{**COURSE_DDP_OPTIONS, **dict(trial.ddp)}))
     return train_ddp.wrap(model, device, process_group=group)
 
 
