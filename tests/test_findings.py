@@ -712,3 +712,16 @@ def test_early_stopping_is_called_so_only_when_the_run_reached_its_target_before
 def test_early_stopping_says_when_the_stopped_curve_is_not_the_full_runs():
     found = nb03.early_stopping(run([0.5, 0.97]), run([0.5, 0.9, 0.97]), 0.97)["early_stopping"]
     assert found.holds and "differ by up to 7.0 pp" in found.text, found.text
+
+
+def test_a_rule_that_restores_only_in_its_last_epoch_is_not_called_restored():
+    """The restore verdicts read the settled accuracy (the lowest of the last 10% of
+    epochs), as the rescue verdicts do: a last epoch that happens to land high is no
+    restore."""
+    small = run([0.9] * 18 + [0.99, 0.99])
+    large = run([0.9] * 18 + [0.90, 0.90], global_batch=512)
+    lucky = run([0.9] * 18 + [0.90, 0.99], global_batch=512)
+    steady = run([0.9] * 18 + [0.98, 0.985], global_batch=512)
+    assert not nb01.rule_restores(small, large, lucky).holds
+    assert "settled at 0.900" in nb01.rule_restores(small, large, lucky).text
+    assert nb01.rule_restores(small, large, steady).holds

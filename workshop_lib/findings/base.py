@@ -58,3 +58,18 @@ def mean(values):
 def spread_pp(values):
     """Seed-to-seed spread of accuracies, in percentage points (max - min)."""
     return 100 * (max(values) - min(values))
+
+
+SETTLED_SHARE = 0.1  # a run's settled accuracy: the lowest of its last 10% of epochs (>= 1)
+
+
+def settled(run):
+    """The lowest validation accuracy of the run's last SETTLED_SHARE of epochs: where the
+    run has settled, not where its last epoch happened to land (every verdict on a run's
+    accuracy reads this, never the last epoch alone)."""
+    accs = run.column("val_acc")
+    return min(accs[-settled_epochs(run):])
+
+
+def settled_epochs(run):
+    return max(1, round(SETTLED_SHARE * len(run.epochs)))

@@ -6,7 +6,7 @@ collapses mid-way and climbs back as the schedule decays ends high, and is no re
 import math
 
 from workshop_lib import runlog
-from workshop_lib.findings.base import Finding, Findings, skipped
+from workshop_lib.findings.base import Finding, Findings, settled, settled_epochs, skipped
 from workshop_lib.findings.sgd_and_batch_size import (
     GAP_PP,
     RECOVERED,
@@ -14,18 +14,10 @@ from workshop_lib.findings.sgd_and_batch_size import (
     rule_restores,
 )
 
-SETTLED_SHARE = 0.1  # a run's settled accuracy: the lowest of its last 10% of epochs (>= 1)
 BN_TOLERANCE = 1e-5  # two runs this close in their weights are the same up to float rounding
 TARGET_FRACTION = 0.98  # a target accuracy: this fraction of a small batch's final one
 COLLAPSE_PP = 5.0    # a fall this large from the running best after warmup is a collapse
                      # (digits: 18 of 359 validation images), not epoch-to-epoch noise
-
-
-def settled(run):
-    """The lowest validation accuracy of the run's last SETTLED_SHARE of epochs: where the
-    run has settled, not where its last epoch happened to land."""
-    accs = run.column("val_acc")
-    return min(accs[-max(1, round(SETTLED_SHARE * len(accs))):])
 
 
 def worst_fall(run):
@@ -71,7 +63,7 @@ def _rescue(name, what, broken, rescued, reference):
                     else ".")
     return Finding(name, f"{what} (lr {rescued.start['lr']:.3g}): settled at "
                          f"{settled(rescued):.3f} (the lowest of its last "
-                         f"{max(1, round(SETTLED_SHARE * len(rescued.epochs)))} epochs; last "
+                         f"{settled_epochs(rescued)} epochs; last "
                          f"{rescued.final['val_acc']:.3f}), {_fall_words(rescued)}; "
                          f"{verdict}", holds=holds)
 
@@ -91,12 +83,14 @@ def accuracy_at_scale(base, hot, hot_factor):
         rule_restores(small, large, base["large_sqrt"], "sqrt"),
     ])
     hot_small, broken = hot["small"], hot["large_linear"]
-    fine = hot_small.final["val_acc"] >= small.final["val_acc"] - GAP_PP / 100
+    fine = settled(hot_small) >= settled(small) - GAP_PP / 100
     found.append(Finding("hot_small", f"A base rate {hot_factor:g}x larger "
                                       f"({hot_small.start['lr']:.3g}) at the small batch: "
-                                      f"{hot_small.final['val_acc']:.3f}, "
-                         + ("as good as the base rate (within the gap bar)." if fine else
-                            "already worse than the base rate: it is too hot even there."),
+                                      f"settled at {settled(hot_small):.3f} against "
+                                      f"{settled(small):.3f}, "
+                         + (f"as good as the base rate (within {GAP_PP} pp)." if fine else
+                            f"already more than {GAP_PP} pp worse than the base rate: it is "
+                            f"too hot even there."),
                          holds=fine))
     drop_pp = 100 * (settled(hot_small) - settled(broken))
     breaks = drop_pp >= GAP_PP

@@ -1,6 +1,6 @@
 """Notebook 01, SGD and the effect of batch size: its closing findings, computed from its runs."""
 from workshop_lib import runlog
-from workshop_lib.findings.base import Finding, Findings
+from workshop_lib.findings.base import Finding, Findings, settled, settled_epochs
 
 GAP_PP = 1.0           # an accuracy difference smaller than this is no gap (digits: 3 samples)
 UNDERTRAINED = 2.0     # a training loss this many times the reference's: under-trained
@@ -46,14 +46,17 @@ def fixed_epoch_gap(reference, large):
 
 
 def rule_restores(reference, large, scaled, rule="linear"):
-    """Whether the learning-rate ``rule`` at the large batch wins back the gap."""
-    gap = reference.final["val_acc"] - large.final["val_acc"]
-    won = scaled.final["val_acc"] - large.final["val_acc"]
+    """Whether the learning-rate ``rule`` at the large batch wins back the gap, judged on the
+    settled accuracies (the lowest of each run's last epochs), not on a last epoch."""
+    gap = settled(reference) - settled(large)
+    won = settled(scaled) - settled(large)
     share = won / gap if gap > 0 else float("nan")
     holds = gap > 0 and share >= RECOVERED
     return Finding(f"{rule}_restores", (
         f"With the {rule} rule (lr {scaled.start['lr']:g}) batch "
-        f"{scaled.start['global_batch_size']} ended at {scaled.final['val_acc']:.3f}: "
+        f"{scaled.start['global_batch_size']} settled at {settled(scaled):.3f} (the lowest of "
+        f"its last {settled_epochs(scaled)} epochs; the small batch {settled(reference):.3f}, "
+        f"the large one at the same rate {settled(large):.3f}): "
         + (f"{share:.0%} of the gap won back (the bar: {RECOVERED:.0%})." if gap > 0 else
            "there was no gap to win back.")), holds=holds)
 
