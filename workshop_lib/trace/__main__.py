@@ -4,6 +4,7 @@ import json
 import os
 import sys
 
+import torch
 import torch.distributed as dist
 
 import workshop_lib.trace
@@ -88,6 +89,23 @@ def rank_record(args, device, rank, world_size):
         step["measured_ms"] = s * 1e3
     return {"rank": rank, "trace": path.name, "unprofiled_step_ms": unprofiled_s * 1e3,
             "steps": steps, "facts": facts}
+
+
+def gather_records(record, world_size, device):
+    """Every rank's record, in rank order, on every rank. As JSON bytes in uint8 tensors:
+    ``all_gather_object`` pickles through numpy (torch's distributed_c10d), which a GPU
+    image holding torch alone lacks; the summary is written as JSON anyway."""
+    payload = torch.tensor(list(json.dumps(record).encode()), dtype=torch.uint8, device=device)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:payload.numel()] = payload
+    gathered = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(gathered, padded)
+    return [json.loads(bytes(t[:int(n.item())].tolist()).decode())
+            for t, n in zip(gathered, sizes, strict=True)]
 
 
 def allreduce_floor(device, world_size, gradient_bytes):
@@ -187,8 +205,7 @@ def main(argv=None):
     with distributed.process_group(hardware.backend_for(device), timeout_s=args.timeout,
                                    device=device):
         record = rank_record(args, device, rank, world_size)
-        records = [None] * world_size
-        dist.all_gather_object(records, record)
+        records = gather_records(record, world_size, device)
         floor = allreduce_floor(device, world_size, record["facts"]["gradient_bytes"])
     if rank == 0:
         summary = summarise(records, args, device, world_size, threads)
