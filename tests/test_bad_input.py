@@ -67,6 +67,7 @@ def test_more_processes_than_gpus(capsys, monkeypatch, tmp_path):
         monkeypatch.setenv(key, value)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    monkeypatch.setattr("torch.cuda.get_device_capability", lambda i: (8, 0))  # A100s
     line = run_main(train_ddp.main, ["--out", str(tmp_path)], capsys)
     assert "2 process(es) on this machine but 1 GPU(s) visible" in line
     assert "--nproc-per-node=1" in line
@@ -84,6 +85,7 @@ def test_gpu_requested_where_there_is_none(capsys, monkeypatch, tmp_path):
 def test_a_gpu_index_past_the_last_gpu(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.get_device_capability", lambda i: (8, 0))  # A100s
     line = run_main(train.main, ["--device", "cuda:2", "--out", str(tmp_path)], capsys)
     assert "--device cuda:2 but only 2 GPU(s) are visible (cuda:0 to cuda:1)" in line
     assert "--device takes auto, cpu, cuda or cuda:N" in run_main(

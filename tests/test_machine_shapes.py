@@ -150,3 +150,82 @@ GPU1\tPHB\t X \t0-15"""
     assert hardware.interconnect(nvlink) == "NVLink"
     assert hardware.interconnect(pcie) == "PCIe"
     assert hardware.interconnect(None) is None
+
+
+V100_BUILD = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")  # torch 2.14.1+cu130
+# torch sees four V100s (is_available() is True) but its build has no kernels for sm_70.
+V100S = Machine(gpus=0, listed_gpus=4, driver="580.65.06", torch_cuda="13.0", cpu_cores=32,
+                unserved_gpus=tuple(f"cuda:{i} Tesla V100-SXM2-16GB (sm_70)" for i in range(4)),
+                cuda_archs=V100_BUILD)
+
+
+@pytest.mark.parametrize("capability, archs, served", [
+    ((7, 0), V100_BUILD, False),               # V100 against a cu130 build
+    ((6, 1), V100_BUILD, False),               # Pascal
+    ((7, 5), V100_BUILD, True),                # T4: its own sm_75
+    ((8, 9), V100_BUILD, True),                # L4: sm_86 runs on 8.9 (same major, newer)
+    ((9, 0), ("sm_80", "sm_90a"), True),       # H100: sm_90a is 9.0's own
+    ((10, 0), ("sm_80", "sm_90a"), False),     # sm_90a runs on 9.0 alone
+    ((10, 0), ("sm_80", "compute_80"), True),  # PTX compiles for anything newer
+    ((7, 0), ("sm_80", "compute_80"), False),  # ... but not older
+    ((7, 0), (), True),                        # no list (no driver to ask): torch says nothing
+])
+def test_what_a_build_serves_follows_its_arch_list(capability, archs, served):
+    assert hardware.serves(capability, archs) is served
+
+
+def test_gpus_the_build_cannot_serve_count_as_none_and_doctor_says_why(no_fashion):
+    p = get(V100S, no_fashion)
+    assert (p.name, p.device, p.ddp_device) == ("cpu", "cpu", "cpu")
+    problem = V100S.unserved_gpus_problem()
+    assert "no kernels for cuda:0 Tesla V100-SXM2-16GB (sm_70)" in problem
+    assert "sm_75 sm_80" in problem and problem in p.notes
+    report = doctor.report(no_fashion, machine=V100S)
+    assert "GPUs PyTorch can use: none (it sees 4, and this build has no kernels for them)" \
+        in report
+    assert f"problem: {problem}" in report
+    assert sum(problem in line for line in report) == 1  # said once, not again as a note
+    with pytest.raises(CourseError, match="needs a GPU that PyTorch can use"):
+        get(V100S, no_fashion, name="gpu")
+    assert FOUR_GPUS.unserved_gpus_problem() is None
+
+
+class FakeCuda:
+    """torch.cuda as it answers on a machine with GPUs of ``capabilities``."""
+
+    def __init__(self, capabilities, archs, name="Tesla V100-SXM2-16GB"):
+        self.capabilities, self.archs, self.name = capabilities, archs, name
+
+    def install(self, monkeypatch):
+        cuda = hardware.torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "device_count", lambda: len(self.capabilities))
+        monkeypatch.setattr(cuda, "get_arch_list", lambda: list(self.archs))
+        monkeypatch.setattr(cuda, "get_device_capability", lambda i: self.capabilities[i])
+        monkeypatch.setattr(cuda, "get_device_name", lambda i: self.name)
+        monkeypatch.setattr(cuda, "get_device_properties",
+                            lambda i: type("Properties", (), {"total_memory": 16 * 2**30}))
+        monkeypatch.setattr(hardware, "_nvidia_smi_gpus",
+                            lambda: (len(self.capabilities), "580.65.06"))
+        monkeypatch.setattr(hardware, "gpu_topology", lambda: None)
+
+
+@pytest.mark.parametrize("capabilities, usable", [
+    ([(7, 0)] * 2, 0),             # two V100s, a cu130 build: none usable
+    ([(8, 0), (7, 0)], 0),         # one of them unserved: ranks take cuda:0, cuda:1, ...
+    ([(8, 0), (8, 0)], 2),         # two A100s
+])
+def test_detection_counts_only_gpus_the_build_serves(capabilities, usable, monkeypatch):
+    FakeCuda(capabilities, V100_BUILD).install(monkeypatch)
+    machine = hardware.detect.__wrapped__()
+    assert machine.gpus == hardware.usable_gpus() == usable
+    assert machine.cuda_archs == V100_BUILD
+    assert len(machine.unserved_gpus) == sum(c == (7, 0) for c in capabilities)
+    assert (machine.unserved_gpus_problem() is None) == (usable > 0)
+    assert machine.unusable_gpus_problem() is None  # the unserved problem says it
+    if usable:
+        assert hardware.pick_device("auto").type == "cuda"
+    else:
+        assert hardware.pick_device("auto").type == "cpu"
+        with pytest.raises(CourseError, match="has no kernels for this GPU"):
+            hardware.pick_device("cuda")

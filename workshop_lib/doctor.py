@@ -20,11 +20,16 @@ def report(data_dir=data.DEFAULT_DATA_DIR, machine=None):
         lines.append(f"GPUs PyTorch can use: {machine.gpus}")
         lines += [f"  cuda:{i} {name}, {memory} GiB" for i, (name, memory)
                   in enumerate(zip(machine.gpu_names, machine.gpu_memory_gib, strict=True))]
+    elif machine.unserved_gpus:
+        lines.append(f"GPUs PyTorch can use: none (it sees {len(machine.unserved_gpus)}, "
+                     f"and this build has no kernels for them)")
     else:
         lines.append("GPUs PyTorch can use: none (torch.cuda.is_available() is False)")
-    for problem in (machine.driver_problem(), machine.unusable_gpus_problem()):
-        if problem:
-            lines.append(f"problem: {problem}")
+    found = [p for p in (machine.driver_problem(), machine.unserved_gpus_problem(),
+                         machine.unusable_gpus_problem()) if p]
+    # Each once: the listed GPUs' reason may quote the driver's, the profile's notes both.
+    problems = [p for p in found if not any(other != p and other in p for other in found)]
+    lines += [f"problem: {problem}" for problem in problems]
     if machine.gpus > 1:
         lines.append(f"GPU interconnect: {machine.interconnect or 'unknown'} "
                      f"(`nvidia-smi topo -m`: NV# = NVLink; PIX, PHB, SYS = PCIe)")
@@ -37,7 +42,7 @@ def report(data_dir=data.DEFAULT_DATA_DIR, machine=None):
         ddp = (f"{chosen.nproc} processes on the CPU, gloo backend, "
                f"{machine.threads_per_process(chosen.nproc)} thread(s) each")
     lines.append(f"course runs: one-device runs on {chosen.one_device_name}; DDP launches: {ddp}")
-    lines += [f"  note: {note}" for note in chosen.notes]
+    lines += [f"  note: {note}" for note in chosen.notes if note not in found]
     if chosen.ddp_device == "cpu" and not machine.gpus:
         lines.append("  everything works; speed-ups are small because the processes share "
                      "the CPU")

@@ -4,7 +4,8 @@
 reads: the workshop profile (``profile.py``), ``doctor``, the launcher, the bench, the
 sweeps and the tests. ``detect()`` asks PyTorch and ``nvidia-smi``; a test builds a
 ``Machine`` by hand to check what the course does on a machine it is not running on (one
-GPU, eight GPUs, GPUs the driver cannot serve, a 64-core CPU box).
+GPU, eight GPUs, GPUs the driver cannot serve, GPUs this PyTorch build has no kernels for,
+a 64-core CPU box).
 """
 import functools
 import os
@@ -31,7 +32,7 @@ SHARERS_ENV = "WORKSHOP_PROCESSES_ON_MACHINE"  # set by launchers that start sev
 class Machine:
     """The hardware facts the course's choices depend on."""
 
-    gpus: int = 0                  # GPUs PyTorch can use
+    gpus: int = 0                  # GPUs PyTorch can use (0 if it cannot serve any of them)
     gpu_names: tuple = ()
     gpu_memory_gib: tuple = ()
     listed_gpus: int = 0           # GPUs nvidia-smi lists (0 where it is not installed)
@@ -39,6 +40,10 @@ class Machine:
     torch_cuda: str | None = None  # the CUDA version PyTorch was built for (None: CPU build)
     cpu_cores: int = 1
     interconnect: str | None = None  # "NVLink" or "PCIe" between GPUs (nvidia-smi topo -m)
+    # GPUs PyTorch sees but whose compute capability this build has no kernels for
+    # ("cuda:0 Tesla V100-SXM2-16GB (sm_70)"), and the build's torch.cuda.get_arch_list()
+    unserved_gpus: tuple = ()
+    cuda_archs: tuple = ()
 
     @property
     def ddp_nproc(self):
@@ -60,10 +65,21 @@ class Machine:
                 f"{self.torch_cuda}, which needs driver {needed} or newer): update the "
                 f"driver, or install a PyTorch built for an older CUDA")
 
+    def unserved_gpus_problem(self):
+        """A sentence when PyTorch sees GPUs this build has no kernels for, else None.
+
+        torch only warns about them, ``is_available()`` stays True, and then every kernel
+        fails; the course counts them as no GPU."""
+        if not self.unserved_gpus:
+            return None
+        return (f"this PyTorch build has no kernels for {', '.join(self.unserved_gpus)} (it "
+                f"is built for {' '.join(self.cuda_archs)}), so the course uses no GPU: "
+                f"install a PyTorch built for this GPU, or hide it with CUDA_VISIBLE_DEVICES")
+
     def unusable_gpus_problem(self):
         """A sentence when nvidia-smi lists GPUs that PyTorch cannot use, else None."""
         hidden = self.listed_gpus - self.gpus
-        if hidden <= 0:
+        if hidden <= 0 or self.unserved_gpus:  # unserved_gpus_problem says why
             return None
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None and self.gpus:
             return (f"nvidia-smi lists {self.listed_gpus} GPUs; CUDA_VISIBLE_DEVICES="
@@ -84,19 +100,72 @@ def cpu_cores():
     return len(os.sched_getaffinity(0))
 
 
+def serves(capability, archs):
+    """Whether a PyTorch built for ``archs`` (``torch.cuda.get_arch_list()``) runs kernels on
+    a GPU of compute capability ``(major, minor)``.
+
+    ``sm_XY`` is machine code for capability X.Y, which runs on X.Z for Z >= Y (``sm_XYa``:
+    on X.Y alone); ``compute_XY`` is PTX, compiled on load for X.Y and anything newer. An
+    empty list (no CUDA build, or no driver to ask) says nothing: served, as torch's own
+    check assumes."""
+    if not archs:
+        return True
+    major, minor = capability
+    for arch in archs:
+        kind, _, code = arch.partition("_")
+        digits = code.rstrip("af")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        built = (int(digits[:-1]), int(digits[-1]))
+        if kind == "compute" and (major, minor) >= built:
+            return True
+        if kind == "sm" and major == built[0] and (
+                minor == built[1] if code.endswith("a") else minor >= built[1]):
+            return True
+    return False
+
+
+def unserved(capabilities, archs, names=None):
+    """``"cuda:I NAME (sm_XY)"`` for each GPU of ``capabilities`` (``[(major, minor)]``,
+    by index) that a build for ``archs`` cannot serve."""
+    names = names or [None] * len(capabilities)
+    return tuple(f"cuda:{i}{f' {name}' if name else ''} (sm_{major}{minor})"
+                 for i, (name, (major, minor)) in enumerate(zip(names, capabilities, strict=True))
+                 if not serves((major, minor), archs))
+
+
+def usable_gpus():
+    """GPUs PyTorch can use here: those it sees, or none if the build cannot serve one of
+    them (ranks take GPUs by index from cuda:0, so one without kernels cannot be stepped
+    over; CUDA_VISIBLE_DEVICES can hide it). Asks no GPU anything where the build names
+    no architectures."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    archs = torch.cuda.get_arch_list() if count else []
+    if not archs:
+        return count
+    capabilities = [torch.cuda.get_device_capability(i) for i in range(count)]
+    return 0 if unserved(capabilities, archs) else count
+
+
 @functools.lru_cache(maxsize=1)
 def detect():
     """This machine's ``Machine`` (asked once per process)."""
     listed, driver = _nvidia_smi_gpus()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = [torch.cuda.get_device_name(i) for i in range(visible)]
+    archs = tuple(torch.cuda.get_arch_list()) if visible else ()
+    not_served = unserved([torch.cuda.get_device_capability(i) for i in range(visible)],
+                          archs, names) if archs else ()
+    count = 0 if not_served else visible
     return Machine(
         gpus=count,
-        gpu_names=tuple(torch.cuda.get_device_name(i) for i in range(count)),
+        gpu_names=tuple(names[:count]),
         gpu_memory_gib=tuple(round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)
                              for i in range(count)),
         listed_gpus=listed, driver=driver, torch_cuda=torch.version.cuda,
         cpu_cores=cpu_cores(),
         interconnect=interconnect(gpu_topology()) if count > 1 else None,
+        unserved_gpus=not_served, cuda_archs=archs,
     )
 
 
@@ -143,11 +212,13 @@ def device_flag(text):
 
 def pick_device(requested="auto", local_rank=0, local_world_size=1):
     """The device for process ``local_rank`` of ``local_world_size`` on this machine."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    gpus = 0 if requested == "cpu" else usable_gpus()
+    if requested == "cpu" or (requested == "auto" and not gpus):
         return torch.device("cpu")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus == 0:
-        raise CourseError(f"--device {requested} but PyTorch sees no GPU here; use --device "
+        why = "sees no GPU" if not torch.cuda.is_available() else \
+            "has no kernels for this GPU (its build does not serve its compute capability)"
+        raise CourseError(f"--device {requested} but PyTorch {why} here; use --device "
                           f"cpu (`python -m workshop_lib doctor` says why)")
     if requested.startswith("cuda:"):
         index = int(requested.split(":")[1])

@@ -122,7 +122,8 @@ def get_profile(name="auto", dataset="auto", nproc="auto", launches=ONE_DEVICE,
     if launches not in (ONE_DEVICE, PROCESSES):
         raise ValueError(f"launches is {ONE_DEVICE!r} or {PROCESSES!r}, got {launches!r}")
     machine = machine or hardware.detect()
-    notes = [problem for problem in (machine.unusable_gpus_problem(),) if problem]
+    notes = [problem for problem in (machine.unserved_gpus_problem(),
+                                     machine.unusable_gpus_problem()) if problem]
     if name == "auto":
         name = "gpu" if machine.gpus else "cpu"
     if name == "gpu" and not machine.gpus:
