@@ -332,6 +332,19 @@ def test_input_bound_judges_the_share_of_the_step_spent_waiting():
     assert nb05.input_bound(measured)["input_bound"].holds
     measured["samples_per_s"]["data_loader"] = 8100.0
     assert not nb05.input_bound(measured)["input_bound"].holds
+    assert "input_remedy" not in nb05.input_bound(measured)  # a record without the remedy
+
+
+def test_the_input_remedy_is_judged_against_the_plain_loader_with_its_bar():
+    measured = {"device": "cuda:0", "num_workers": 0, "pin_memory": True, "remedy_workers": 2,
+                "samples_per_s": {"resident": 10000.0, "data_loader": 4000.0,
+                                  "workers": 7000.0}}
+    found = nb05.input_bound(measured)["input_remedy"]
+    # 7000/4000 - 1 = +75%; (7000 - 4000)/(10000 - 4000) = 50% of what was lost.
+    assert found.holds and "+75%" in found.text and "50% of what the plain loader lost" in \
+        found.text and "num_workers=2" in found.text
+    measured["samples_per_s"]["workers"] = 4300.0  # +7.5%: under the 10% bar
+    assert not nb05.input_bound(measured)["input_remedy"].holds
 
 # -- Notebook 07 ---------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ def test_both_feeds_train_the_same_steps_in_alternating_rounds():
     assert not torch.equal(model.weight, before), "the steps trained the model"
     assert measured["steps"] == 3 and measured["device"] == "cpu"
     assert measured["num_workers"] == 0 and measured["pin_memory"] is False
-    for name in ("resident", "data_loader"):
+    assert measured["remedy_workers"] == input_pipeline.REMEDY_WORKERS
+    for name in ("resident", "data_loader", "workers"):
         timing = measured["timings"][name]
         assert timing["samples"] == 3 * 4 and len(timing["seconds"]) == 2
         assert measured["samples_per_s"][name] == \
@@ -35,8 +36,8 @@ def test_the_steps_run_on_into_the_next_epoch():
     measured = input_pipeline.feeds(model, optimizer, dataset, 4, torch.device("cpu"),
                                     steps=5, rounds=1)
     assert measured["steps"] == 5 and measured["timings"]["data_loader"]["samples"] == 20
-    # Each feed: a warm-up call, the bench's sizing call, one round; 5 full batches a call.
-    assert batches == [4] * (2 * 3 * 5)
+    # Each of the three feeds: a warm-up call, the sizing call, one round; 5 full batches a call.
+    assert batches == [4] * (3 * 3 * 5)
 
 
 def test_the_course_step_on_the_course_data():
