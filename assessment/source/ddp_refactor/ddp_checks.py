@@ -294,11 +294,13 @@ def _tail(text, lines=12):
     return "\n".join(kept[-lines:])
 
 
-def _kill(proc, evidence_dir):
-    """Stop torchrun and its workers. torchrun starts each worker in a session of its
-    own, so killing torchrun's process group would leave them running: kill each worker's
-    group by the pid it recorded at start-up, then torchrun's."""
-    for pid_file in evidence_dir.glob("pid.*"):
+def _kill(proc, evidence_dir, sandbox):
+    """Stop torchrun and its workers. In the sandbox, killing bwrap ends its PID namespace
+    and every process in it (and the pids the job recorded are the namespace's, not this
+    machine's). Without it: torchrun starts each worker in a session of its own, so killing
+    torchrun's process group would leave them running: kill each worker's group by the pid
+    it recorded at start-up, then torchrun's."""
+    for pid_file in [] if sandbox else evidence_dir.glob("pid.*"):
         try:
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
         except (ValueError, ProcessLookupError, PermissionError):
@@ -338,6 +340,35 @@ def launch(script, config=Config(), nproc=None, on_gpu=None):
     return run
 
 
+def _sandbox_module():
+    """ddp_sandbox.py next to this file, loaded by its path (the workshop's conversion
+    check loads this file by its path too, with nothing on sys.path)."""
+    global _SANDBOX
+    if _SANDBOX is None:
+        import importlib.util
+
+        path = Path(__file__).resolve().with_name("ddp_sandbox.py")
+        spec = importlib.util.spec_from_file_location("ddp_sandbox", path)
+        _SANDBOX = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_SANDBOX)
+    return _SANDBOX
+
+
+_SANDBOX = None
+
+
+def _scratch_copy(script, run_dir):
+    """run_dir, made afresh (0700), with what the job needs: the script, the recorder and
+    the data module (the copy beside the script, where the script finds it)."""
+    scratch = run_dir.resolve()
+    scratch.mkdir(mode=0o700, parents=True)
+    data = Path(script).resolve().with_name("digits_data.py")
+    for source in (Path(script), RECORDER, data if data.is_file() else
+                   RECORDER.with_name("digits_data.py")):
+        shutil.copyfile(source, scratch / source.name)
+    return scratch
+
+
 def _launch_once(script, config, nproc, on_gpu, run_dir):
     time_limit = float(os.environ.get(TIME_LIMIT_ENV, config.time_limit_s))
     run = Run(script=str(script), config=config, nproc=nproc, on_gpu=on_gpu,
@@ -345,36 +376,55 @@ def _launch_once(script, config, nproc, on_gpu, run_dir):
     if not Path(script).is_file():
         run.missing_script = True
         return run
-    evidence_dir = (run_dir / "evidence").resolve()
-    evidence_dir.mkdir(parents=True)
-    run.out_dir = (run_dir / "out").resolve()
+    sandbox_module = _sandbox_module()
+    sandboxed = sandbox_module.sandboxed()  # refuses while grading where none can be made
+    scratch = _scratch_copy(script, run_dir)
+    evidence_dir = scratch / "evidence"
+    evidence_dir.mkdir()
+    run.out_dir = scratch / "out"
+    # The graded settings go in a file of the 0700 scratch folder: a command line is
+    # visible to every account on the machine.
+    settings = scratch / "settings.json"
+    settings.write_text(json.dumps({
+        "evidence_dir": str(evidence_dir), "out_dir": str(run.out_dir),
+        "script": str(scratch / Path(script).name),
+        "args": ["--epochs", str(config.epochs), "--batch-size", str(config.batch_size),
+                 "--lr", str(config.lr), "--seed", str(config.seed), "--out",
+                 str(run.out_dir)]}))
+    settings.chmod(0o600)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", str(RECORDER), str(evidence_dir), str(run.out_dir),
-        str(script), "--epochs", str(config.epochs), "--batch-size", str(config.batch_size),
-        "--lr", str(config.lr), "--seed", str(config.seed), "--out", str(run.out_dir),
+        f"--nproc-per-node={nproc}", str(scratch / RECORDER.name), str(settings),
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            # Spinning OpenMP threads on shared cores slow CPU ranks down many times over.
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     if not on_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""  # one GPU cannot host two NCCL ranks: use the CPU
+    sandbox = sandbox_module.Job(scratch, on_gpu) if sandboxed else None
     start = time.perf_counter()
     # stderr joins stdout: a test cell that writes to stderr scores 0, and torchrun
     # always warns there.
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", env=env, start_new_session=True)
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
+              "errors": "replace"}
+    if sandbox:
+        proc = sandbox.popen(command, env, **output)  # env: its allowlist's values only
+    else:
+        proc = subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True,
+                                **output)
     try:
         run.output, _ = proc.communicate(timeout=time_limit)
     except subprocess.TimeoutExpired:
         run.timed_out = True
-        _kill(proc, evidence_dir)
+        _kill(proc, evidence_dir, sandbox)
         try:
             run.output, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             run.output = ""
     run.elapsed_s = time.perf_counter() - start
     run.returncode = proc.returncode
+    if sandbox:
+        sandbox.finish()
     run.ranks = []
     for rank in range(nproc):
         path = evidence_dir / f"rank{rank}.json"

@@ -2,7 +2,7 @@
 
 ``ddp_checks.launch`` makes this file every process's entry point:
 
-    torchrun ... ddp_recorder.py EVIDENCE_DIR OUT_DIR SCRIPT [the script's flags]
+    torchrun ... ddp_recorder.py SETTINGS_JSON  (EVIDENCE_DIR, OUT_DIR, SCRIPT, its flags)
 
 Each patcher below records one thing and returns the function that undoes it:
 
@@ -683,9 +683,14 @@ def main(evidence_dir, out_dir, script, *script_args):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(f"usage: {Path(__file__).name} EVIDENCE_DIR OUT_DIR SCRIPT [ARGS...]")
-    status = main(*sys.argv[1:])
+    # The launcher's settings come in a file of the job's private folder, not on the command
+    # line, which every account on the machine can read: the graded run's flags are hidden.
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {Path(__file__).name} SETTINGS_JSON (evidence_dir, out_dir, "
+                 f"script, args: the script's sys.argv[1:])")
+    settings = json.loads(Path(sys.argv[1]).read_text())
+    status = main(settings["evidence_dir"], settings["out_dir"], settings["script"],
+                  *settings["args"])
     # The record is written: leave without Python's shutdown. A gloo group's worker
     # threads outlive destroy_process_group once DDP has used it (torch 2.14), and one that
     # drops a tensor while Python shuts down aborts the process (PyTorch issue 190489): the

@@ -1,0 +1,375 @@
+"""The grader's sandbox (assessment/source/ddp_refactor/ddp_sandbox.py), attacked by real
+submissions through the real launch path: ``ddp_checks.launch`` under torchrun, in a copy
+of a course folder laid out as nbgrader's (source/ with the hidden tests, gradebook.db,
+submitted/, autograded/<learner>/), with a hub token in the grader's environment.
+
+The submission tries to read the hidden tests (by absolute and relative path), the
+gradebook and other submissions, to write into the course folder and the grader's home, to
+read the token, and leaves a child in a session of its own; it writes what it saw into its
+--out folder, which the test reads. While it runs, every process's command line is read
+for the graded run's settings. Then: a job that never ends is stopped at its time limit
+with everything it started; the same attack from a grader that is not root (the
+unprivileged sandbox, in a user namespace); and the refusal while grading where no sandbox
+can be made.
+"""
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "assessment" / "source" / "ddp_refactor"
+PROVIDED = ("ddp_checks.py", "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py")
+SCRIPT = "train_digits_ddp.py"
+# The graded run's settings: numbers no other process on the machine has on its command line.
+HIDDEN = {"epochs": 3, "batch_size": 7, "lr": 0.0417, "seed": 86420917}
+TOKEN = "hub-token-that-must-not-leak"
+NOBODY = 65534
+
+pytestmark = pytest.mark.slow
+
+ATTACK = r'''
+import json, os, sys, time
+from pathlib import Path
+
+COURSE, HOME, MARK = Path({course!r}), Path({home!r}), {mark!r}
+rank = int(os.environ.get("RANK", 0))
+seen = {{"argv": sys.argv[1:], "uid": os.getuid(), "env": sorted(os.environ),
+        "token": os.environ.get("JUPYTERHUB_API_TOKEN"), "home": os.environ.get("HOME")}}
+
+
+def attempt(name, action):
+    try:
+        seen[name] = ["succeeded", repr(action())[:80]]
+    except Exception as error:
+        seen[name] = ["failed", type(error).__name__]
+
+
+if rank == 0:
+    notebook = Path("source", "ddp_refactor", "ddp_refactor.ipynb")
+    attempt("read hidden tests", lambda: (COURSE / notebook).read_text())
+    attempt("read hidden tests by ../", lambda: Path("../../../..", notebook).read_text())
+    attempt("read gradebook", lambda: (COURSE / "gradebook.db").read_bytes())
+    attempt("list submitted", lambda: os.listdir(COURSE / "submitted"))
+    attempt("read another learner", lambda: (COURSE / "submitted" / "bob" / "ddp_refactor"
+                                              / "ddp_refactor.ipynb").read_text())
+    attempt("read the checks beside the notebook", lambda: Path("../ddp_checks.py").read_text())
+    attempt("rewrite the checks", lambda: open(COURSE / "source" / "ddp_refactor"
+                                               / "ddp_checks.py", "a").write("# pwned"))
+    attempt("write into the course", lambda: (COURSE / f"escape-{{MARK}}").write_text("x"))
+    attempt("write into the grader's home", lambda: (HOME / f"escape-{{MARK}}").write_text("x"))
+    # A link the checks would follow as the grader: the gradebook in place of the log.
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    os.symlink(COURSE / "gradebook.db", out / "log.jsonl")
+    if os.fork() == 0:  # a child in its own session, meant to outlive grading
+        os.setsid()
+        os.execv("/bin/sleep", ["sleep", MARK])
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+seen["all_reduce"] = total.item()
+dist.destroy_process_group()
+if rank == 0:
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "seen.json").write_text(json.dumps(seen))
+'''
+
+HANG = r'''
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    os.execv("/bin/sleep", ["sleep", {mark!r}])
+while True:
+    time.sleep(1)
+'''
+
+
+def load_checks(folder):
+    spec = importlib.util.spec_from_file_location("sandbox_test_ddp_checks",
+                                                  folder / "ddp_checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_course(base):
+    """A course folder as nbgrader lays it out, with alice's notebook folder ready to grade."""
+    course = base / "course"
+    shutil.copytree(SOURCE, course / "source" / "ddp_refactor",
+                    ignore=shutil.ignore_patterns("grading_run", "runs", "__pycache__",
+                                                  "train_digits*.py"))
+    (course / "gradebook.db").write_text("the gradebook's solutions")
+    bob = course / "submitted" / "bob" / "ddp_refactor"
+    bob.mkdir(parents=True)
+    (bob / "ddp_refactor.ipynb").write_text("bob's work")
+    alice = course / "autograded" / "alice" / "ddp_refactor"
+    alice.mkdir(parents=True)
+    for name in PROVIDED:
+        shutil.copy(SOURCE / name, alice / name)
+    return course, alice
+
+
+def marks():
+    return str(random.randrange(10**8, 10**9))
+
+
+def command_lines():
+    lines = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                pass
+    return lines
+
+
+def processes_with(mark):
+    return [line for line in command_lines().values() if mark.encode() in line]
+
+
+class CommandLineWatch(threading.Thread):
+    """Reads every process's command line until stopped: what the settings revealed, and
+    whether it saw the job at all (a watch that saw nothing proves nothing)."""
+
+    def __init__(self, secrets, job_mark):
+        super().__init__(daemon=True)
+        self.secrets, self.job_mark = [s.encode() for s in secrets], job_mark.encode()
+        self.revealed, self.saw_job, self.done = set(), False, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.1):
+            for line in command_lines().values():
+                self.saw_job |= self.job_mark in line
+                self.revealed |= {line for s in self.secrets if s in line}
+
+
+def hidden_config(checks):
+    return checks.Config(**HIDDEN, time_limit_s=240, measure_speedup=False)
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """alice's attacking submission, graded once through ddp_checks.launch."""
+    base = tmp_path_factory.mktemp("sandbox")
+    course, alice = make_course(base)
+    mark = marks()
+    (alice / SCRIPT).write_text(ATTACK.format(course=str(course), home=str(Path.home()),
+                                              mark=mark))
+    checks = load_checks(alice)
+    settings = [str(HIDDEN["seed"]), str(HIDDEN["lr"]), f"--batch-size {HIDDEN['batch_size']}"]
+    watch = CommandLineWatch(settings, "torch.distributed.run")
+    previous = os.getcwd()
+    environ = dict(os.environ)
+    os.environ.update(JUPYTERHUB_API_TOKEN=TOKEN, NBGRADER_EXECUTION="autograde",
+                      OMP_NUM_THREADS="1")
+    os.environ.pop(checks._sandbox_module().UNSANDBOXED_ENV, None)
+    os.chdir(alice)
+    watch.start()
+    try:
+        run = checks.launch(SCRIPT, hidden_config(checks), 2, False)
+    finally:
+        watch.done.set()
+        watch.join()
+        os.chdir(previous)
+        os.environ.clear()
+        os.environ.update(environ)
+    left = processes_with(mark)
+    seen_file = run.out_dir / "seen.json"
+    yield {"run": run, "course": course, "alice": alice, "mark": mark, "watch": watch,
+           "left": left, "seen": json.loads(seen_file.read_text()) if seen_file.is_file()
+           else None}
+    for escaped in (course / f"escape-{mark}", Path.home() / f"escape-{mark}"):
+        escaped.unlink(missing_ok=True)
+
+
+def test_the_attack_ran_in_the_graded_job(attacked):
+    run, seen = attacked["run"], attacked["seen"]
+    assert seen is not None, f"the job wrote nothing:\n{run.output[-3000:]}"
+    out = str(run.out_dir)
+    # The settings reached the script, from the file in its scratch folder.
+    assert seen["argv"] == ["--epochs", "3", "--batch-size", "7", "--lr", "0.0417",
+                            "--seed", "86420917", "--out", out]
+    assert seen["all_reduce"] == 2.0  # torchrun --standalone and gloo work in the sandbox
+    assert run.returncode == 0 and run.ranks[0] is not None
+
+
+def test_the_job_reads_and_writes_nothing_outside_its_scratch_copy(attacked):
+    seen, course = attacked["seen"], attacked["course"]
+    attempts = {name: result for name, result in seen.items()
+                if isinstance(result, list) and len(result) == 2
+                and result[0] in ("succeeded", "failed")}
+    assert len(attempts) == 9
+    for name, (outcome, detail) in attempts.items():
+        print(f"{name}: {outcome} ({detail})")
+        assert outcome == "failed", f"{name}: {detail}"
+    assert not (course / f"escape-{attacked['mark']}").exists()
+    assert not (Path.home() / f"escape-{attacked['mark']}").exists()
+    checks_file = course / "source" / "ddp_refactor" / "ddp_checks.py"
+    assert checks_file.read_bytes() == (SOURCE / "ddp_checks.py").read_bytes()
+
+
+def test_the_job_sees_no_token_and_no_grader_identity(attacked):
+    seen, run = attacked["seen"], attacked["run"]
+    assert seen["token"] is None
+    assert not [name for name in seen["env"] if name.startswith("JUPYTERHUB")]
+    assert "NBGRADER_EXECUTION" not in seen["env"]
+    assert seen["home"] == str(run.out_dir.parent)
+    if os.geteuid() == 0:
+        assert seen["uid"] != 0  # a throw-away account, not the grader's root
+        assert run.out_dir.stat().st_uid == 0  # the grader owns the folder again
+
+
+def test_no_process_of_the_job_outlives_grading(attacked):
+    assert attacked["left"] == []
+
+
+def test_the_graded_settings_are_on_no_command_line(attacked):
+    watch = attacked["watch"]
+    assert watch.saw_job
+    assert watch.revealed == set()
+
+
+def test_the_grader_follows_no_link_the_job_left(attacked):
+    scratch = attacked["run"].out_dir.parent
+    assert not (scratch / "out" / "log.jsonl").is_symlink()
+    assert not [p for p in scratch.rglob("*") if p.is_symlink()]
+
+
+def test_a_job_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
+    _, alice = make_course(tmp_path)
+    mark = marks()
+    (alice / SCRIPT).write_text(HANG.format(mark=mark))
+    checks = load_checks(alice)
+    previous, environ = os.getcwd(), dict(os.environ)
+    os.environ.update(DDP_CHECKS_TIME_LIMIT_S="20", NBGRADER_EXECUTION="autograde")
+    os.chdir(alice)
+    try:
+        run = checks.launch(SCRIPT, hidden_config(checks), 2, False)
+    finally:
+        os.chdir(previous)
+        os.environ.clear()
+        os.environ.update(environ)
+    assert run.timed_out
+    assert processes_with(mark) == []
+
+
+GRADE_AS_GRADER = r'''
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+import ddp_checks, ddp_sandbox
+run = ddp_checks.launch({script!r}, ddp_checks.Config(**{hidden!r}, time_limit_s=240,
+                        measure_speedup=False), 2, False)
+print("UNPRIVILEGED", os.getuid(), ddp_sandbox.sandboxed(), run.returncode)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="not root: the attack above already ran "
+                                               "from a grader that is not root")
+def test_a_grader_that_is_not_root_gets_the_unprivileged_sandbox():
+    """The attack again, graded by `nobody`: bwrap in a user namespace. An outer sandbox
+    (as root) shows `nobody` this Python, which lives in root's closed home."""
+    base = Path(tempfile.mkdtemp(prefix="sandbox-as-nobody-", dir="/tmp"))
+    try:
+        unprivileged_attack(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def unprivileged_attack(base):
+    course, alice = make_course(base)
+    mark = marks()
+    home = base / "grader_home"
+    home.mkdir()
+    (alice / SCRIPT).write_text(ATTACK.format(course=str(course), home=str(home), mark=mark))
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(base)], check=True)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(home),
+           "OMP_NUM_THREADS": "1", "NBGRADER_EXECUTION": "autograde",
+           "JUPYTERHUB_API_TOKEN": TOKEN}
+    # The outer sandbox shows this machine's /proc as it is: the kernel lets a user
+    # namespace mount a new one only where a visible one has nothing mounted over it (bwrap's
+    # own --proc covers parts of it, read-only).
+    outer = ["bwrap", "--die-with-parent"]
+    for folder in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"):
+        path = Path(folder)
+        if path.is_symlink():
+            outer += ["--symlink", os.readlink(path), folder]
+        elif path.is_dir():
+            outer += ["--ro-bind", folder, folder]
+    outer += ["--dev", "/dev", "--bind", "/proc", "/proc", "--tmpfs", "/tmp", "--bind", str(base),
+              str(base), "--tmpfs", str(Path.home())]
+    for prefix in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), ROOT}:
+        if prefix.is_relative_to(Path.home()):  # root's closed home: its top folder only
+            top = Path.home() / prefix.relative_to(Path.home()).parts[0]
+        else:
+            top = Path("/", prefix.parts[1])
+        if str(top) not in ("/usr", "/tmp") and str(top) not in outer:
+            outer += ["--ro-bind", str(top), str(top)]
+    outer += ["--chdir", str(alice), "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+              "--clear-groups", sys.executable, "-c",
+              GRADE_AS_GRADER.format(script=SCRIPT, hidden=HIDDEN)]
+    result = subprocess.run(outer, env=env, capture_output=True, text=True, timeout=400)
+    assert f"UNPRIVILEGED {NOBODY} True 0" in result.stdout, result.stdout + result.stderr
+    seen = json.loads((alice / "grading_run" / "out" / "seen.json").read_text())
+    assert seen["token"] is None and seen["all_reduce"] == 2.0
+    for name in ("read hidden tests", "read hidden tests by ../", "read gradebook",
+                 "list submitted", "read another learner",
+                 "read the checks beside the notebook", "rewrite the checks",
+                 "write into the course", "write into the grader's home"):
+        assert seen[name][0] == "failed", f"{name}: {seen[name]}"
+    assert not (course / f"escape-{mark}").exists() and not (home / f"escape-{mark}").exists()
+    assert processes_with(mark) == []
+
+
+def sandbox_command(*args, **env):
+    """ddp_sandbox.py run as `make autograde` runs it, with PATH and extra variables."""
+    return subprocess.run([sys.executable, str(SOURCE / "ddp_sandbox.py"), *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(Path(sys.executable).parent), **env})
+
+
+def test_grading_is_refused_in_one_line_where_no_sandbox_can_be_made(tmp_path):
+    """PATH without bwrap: the refusal, from the launch itself and from `make autograde`'s
+    check; an explicit flag grades without a sandbox; a learner's own run is not refused."""
+    _, alice = make_course(tmp_path)
+    (alice / SCRIPT).write_text("print('never run')\n")
+    launch = ("import ddp_checks\n"
+              "try:\n"
+              "    ddp_checks.launch('train_digits_ddp.py', ddp_checks.Config(), 2, False)\n"
+              "except Exception as refusal:\n"
+              "    print(type(refusal).__name__ + ': ' + str(refusal))\n")
+    refused = subprocess.run([sys.executable, "-c", launch], cwd=alice, capture_output=True,
+                             text=True, timeout=60,
+                             env={"PATH": str(Path(sys.executable).parent),
+                                  "NBGRADER_EXECUTION": "autograde"})
+    line = refused.stdout.strip()
+    assert line.count("\n") == 0 and line.startswith("SandboxUnavailable: "), refused
+    assert "bubblewrap (bwrap) is not installed" in line
+    assert "apt-get install bubblewrap" in line and "DDP_CHECKS_UNSANDBOXED=1" in line
+    assert not (alice / "grading_run").exists()  # refused before anything ran
+
+    check = sandbox_command()
+    assert check.returncode == 1
+    assert check.stderr.strip().startswith("Grading refused: no sandbox")
+    assert check.stderr.strip().count("\n") == 0
+    flagged = sandbox_command(DDP_CHECKS_UNSANDBOXED="1")
+    assert flagged.returncode == 0 and "WITHOUT a sandbox" in flagged.stdout
+    own_run = subprocess.run([sys.executable, "-c", "import ddp_sandbox; "
+                              "print(ddp_sandbox.sandboxed())"], cwd=alice,
+                             capture_output=True, text=True, timeout=60,
+                             env={"PATH": str(Path(sys.executable).parent)})
+    assert own_run.stdout.strip() == "False", own_run.stderr
