@@ -21,9 +21,9 @@ OverwriteCells:
   the submission rather than from source/ (the notebook itself aside): only the notebook
   counts, and the instructor's copies of the provided files are already there.
 
-What stays out of reach: the script itself runs with the grader's rights inside every
-rank, next to the recorder. nbgrader has no sandbox; grade as an unprivileged user or in a
-container (README.md, "What grading guarantees").
+The script itself is not kernel code: ddp_checks launches it in every rank, next to the
+recorder, inside the bubblewrap sandbox of ddp_sandbox.py (README.md, "What grading
+guarantees").
 """
 import re
 import shutil

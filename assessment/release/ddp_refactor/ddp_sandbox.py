@@ -162,7 +162,8 @@ def job_environment(source, scratch, path_dirs):
 
 def _data_package():
     """The folder of the package whose module DDP_RECORDER_DATA_MODULE names (the
-    workshop's own exercise), to be readable in the sandbox; None for digits_data."""
+    workshop's own exercise: its script imports it too), to be readable in the sandbox;
+    None for digits_data."""
     name = os.environ.get("DDP_RECORDER_DATA_MODULE", "digits_data").partition(".")[0]
     if name == "digits_data":
         return None
@@ -262,6 +263,9 @@ class Job:
         # The allowlist's environment, given to bwrap itself: --setenv would show the
         # values on bwrap's command line.
         job_env = job_environment(env, self.scratch, [str(Path(sys.executable).parent)])
+        data_package = _data_package()
+        if data_package is not None:  # importable from the one folder bound for it
+            job_env["PYTHONPATH"] = str(data_package.parent)
         try:
             return subprocess.Popen(args, env=job_env, pass_fds=fds, start_new_session=True,
                                     **popen_args)
