@@ -16,6 +16,7 @@ BatchNorm each micro-batch is normalised with its own statistics, so the two dif
 
     torchrun --standalone --nproc-per-node=2 -m workshop_lib.equivalence --out eq.json
 """
+import contextlib
 import copy
 import json
 import os
@@ -134,6 +135,23 @@ def accumulation(info, mine, device, micro_batches=4):
             "all_reduces": {name: len(seen) for name, seen in calls.items()}}
 
 
+@contextlib.contextmanager
+def full_float32():
+    """TF32 off for matmuls and cuDNN convolutions, as it was afterwards.
+
+    With TF32 a GPU rounds the inputs of float32 matmuls and convolutions to 10 mantissa
+    bits, and cuDNN may pick different algorithms for a rank's batch of b and the single
+    process's N x b: differences of about 1e-3 that say nothing about DDP, against the
+    comparisons' 1e-5. (No effect on the CPU.)"""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@full_float32()
 def measure(batch_size, device):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     train_set, _, info = data.load("digits")
@@ -144,6 +162,7 @@ def measure(batch_size, device):
     # The numbers leave the device here, once, after all the work on it.
     return {"world_size": world_size, "batch_size": batch_size, "steps": STEPS,
             "device": str(device),
+            "tf32": torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32,
             "max_abs_difference": {v: d.item() for v, d in differences.items()},
             "accumulation": {**accumulated,
                              "max_abs_difference": accumulated["max_abs_difference"].item()}}
