@@ -48,9 +48,9 @@ Root Cause (first observed failure):
 """
 
 
-def context(tmp_path, cuda=False, deadline=None):
-    return steps.Context(out=tmp_path, env=environment.command_env(), cuda=cuda,
-                         deadline=deadline, cwd=REPO)
+def context(tmp_path, cuda=False, deadline=None, rehearsal=False):
+    return steps.Context(out=tmp_path, env=environment.command_env(no_gpu=rehearsal),
+                         cuda=cuda, deadline=deadline, cwd=REPO, rehearsal=rehearsal)
 
 
 def finished(tmp_path, returncode=0, timed_out=False, stdout="", stderr="", limit_s=60.0):
@@ -232,6 +232,28 @@ def test_steps_skip_without_cuda_and_a_step_that_raises_fails_alone(tmp_path):
         ("gpu", SKIPPED, steps.NEEDS_CUDA), ("broken", FAIL, "KeyError: 'max_abs_difference'"),
         ("fine", PASS, ""), ("no pytest", SKIPPED, "pytest is not installed here")]
     assert ran == [30] and outcomes[1].tail[-1] == "KeyError: 'max_abs_difference'"
+
+
+def test_a_cpu_rehearsal_runs_the_steps_that_can_on_the_cpu_and_names_the_others(tmp_path):
+    devices = []
+
+    def run(ctx, limit):
+        devices.append(ctx.device)
+        return Outcome("x", PASS)
+
+    outcomes = steps.run_steps(context(tmp_path, rehearsal=True), [
+        steps.Step("on the cpu too", "", 60, run, rehearses=True),
+        steps.Step("gpu only", "", 60, run),
+        steps.Step("no gpu needed", "", 60, run, needs_cuda=False),
+    ], say=lambda line: None)
+    assert [(o.status, o.reason) for o in outcomes] == [
+        (PASS, ""), (SKIPPED, steps.NOT_REHEARSED), (PASS, "")]
+    assert devices == ["cpu", "cpu"]
+    assert context(tmp_path, rehearsal=True).env["CUDA_VISIBLE_DEVICES"] == ""
+    # Not a rehearsal: the same steps skip without CUDA, saying so.
+    outcomes = steps.run_steps(context(tmp_path), [steps.Step("x", "", 60, run, rehearses=True)],
+                               say=lambda line: None)
+    assert (outcomes[0].status, outcomes[0].reason) == (SKIPPED, steps.NEEDS_CUDA)
 
 
 def test_no_step_starts_after_the_deadline(tmp_path):
@@ -423,10 +445,24 @@ def test_a_notebook_runs_with_solutions_absolute_runs_and_a_cell_limit(tmp_path)
     assert Path(args[3]) == tmp_path / "notebooks" / "02_from_one_gpu_to_many.ipynb"
 
 
+def test_the_equivalence_compares_in_full_float32_and_restores_tf32():
+    from workshop_lib import equivalence
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        with equivalence.full_float32():
+            assert not matmul.allow_tf32 and not cudnn.allow_tf32
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
 def test_a_relative_out_becomes_absolute_before_anything_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(smoke, "steps", lambda: [])
-    assert main(["--smoke", "--out", "relative"]) == 0
+    assert main(["--smoke", "--cpu-rehearsal", "--out", "relative"]) == 0
     built = json.loads((tmp_path / "relative" / "report.json").read_text())
     assert built["steps"] == [] and built["ok"]
 
@@ -462,6 +498,36 @@ def test_without_a_gpu_the_full_check_says_so_in_one_line(capsys, monkeypatch):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a GPU that PyTorch can use" in err[0]
+
+
+@pytest.mark.parametrize("why, fake", [
+    ("torch.cuda.is_available() is False here", {"is_available": lambda: False}),
+    # a V100 under a build for sm_75 and newer: torch sees it, and has no kernels for it
+    ("has no kernels for the GPU(s) here",
+     {"is_available": lambda: True, "device_count": lambda: 1,
+      "get_arch_list": lambda: ["sm_75", "sm_80", "sm_90"],
+      "get_device_capability": lambda i: (7, 0)}),
+])
+def test_without_a_usable_gpu_the_smoke_refuses_in_one_line(why, fake, capsys, monkeypatch,
+                                                            tmp_path):
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(smoke, "steps", lambda: [])
+    with pytest.raises(SystemExit) as stop:
+        main(["--smoke", "--out", str(tmp_path / "refused")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the smoke check needs a GPU that PyTorch can use" in err[0]
+    assert why in err[0] and "--cpu-rehearsal" in err[0]
+    assert not (tmp_path / "refused").exists()
+    # Told it is a rehearsal, it runs (here: no steps) and says so.
+    assert main(["--smoke", "--cpu-rehearsal", "--out", str(tmp_path / "rehearsal")]) == 0
+    built = json.loads((tmp_path / "rehearsal" / "report.json").read_text())
+    assert built["title"] == "GPU smoke check, CPU rehearsal"
+    assert any("CPU REHEARSAL" in line for line in built["machine"])
+    with pytest.raises(SystemExit):
+        main(["--cpu-rehearsal", "--profile", "cpu"])
+    assert "--cpu-rehearsal goes with --smoke" in capsys.readouterr().err
 
 
 def test_an_unknown_notebook_is_named(capsys):
@@ -544,17 +610,24 @@ def test_a_failing_bash_cell_in_a_notebook_is_reported_with_its_own_error(tmp_pa
 
 
 @pytest.mark.slow
-def test_the_smoke_runs_here_skipping_what_needs_cuda_and_saying_so(tmp_path):
-    result = run_course_command(["-m", "workshop_lib.gpu_check", "--smoke", "--standins",
-                                 "always", "--out", str(tmp_path)], timeout=120)
+def test_the_smokes_cpu_rehearsal_runs_here_skipping_what_needs_a_gpu_and_saying_so(tmp_path):
+    """The command as an image is rehearsed, end to end: the GPU-only steps are skipped
+    and named; a deadline already past stops the others before they start (the next test
+    runs them, and test_doctor runs doctor)."""
+    result = run_course_command(["-m", "workshop_lib.gpu_check", "--smoke", "--cpu-rehearsal",
+                                 "--standins", "always", "--deadline", "1", "--out",
+                                 str(tmp_path)], timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     built = json.loads((tmp_path / "report.json").read_text())
     by_name = {step["name"]: step for step in built["steps"]}
     assert list(by_name) == [step.name for step in smoke.steps()]
-    assert by_name["doctor"]["status"] == PASS and by_name["doctor"]["figures"]
-    for name, step in by_name.items():
-        if name != "doctor" and not torch.cuda.is_available():
-            assert (step["status"], step["reason"]) == (SKIPPED, steps.NEEDS_CUDA), name
+    assert built["title"] == "GPU smoke check, CPU rehearsal"
+    for step in smoke.steps():
+        status, reason = by_name[step.name]["status"], by_name[step.name]["reason"]
+        if step.needs_cuda and not step.rehearses:
+            assert (status, reason) == (SKIPPED, steps.NOT_REHEARSED), step.name
+        else:
+            assert status == SKIPPED and "deadline" in reason, step.name
     assert any("stand-ins used" in line and "sklearn, tqdm" in line for line in built["machine"])
     assert sorted(p.name for p in (tmp_path / "standins").iterdir()) == ["sklearn", "tqdm"]
     assert result.stdout.rstrip().endswith("report.json")
@@ -582,18 +655,20 @@ def test_the_full_check_runs_a_notebook_with_solutions_and_absolute_runs(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path, monkeypatch):
-    """The smoke's CUDA steps, run on the CPU here (their commands with --device cpu): the
+def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
+    """The smoke's CUDA steps, run on the CPU as a CPU rehearsal runs them: the
     commands' real outputs (the trace and its summary, the conversion's log, a run's
     record) are what the steps read, so a changed output format fails here, not first on
     a GPU."""
-    monkeypatch.setattr(library, "DEVICE", "cpu")
-    wanted = ("conversion reference, 1 rank on CUDA [item 2]", "trace on CUDA, 1 rank [item 3]",
+    wanted = ("equivalence, 1 rank on CUDA [item 1]",
+              "conversion reference, 1 rank on CUDA [item 2]", "trace on CUDA, 1 rank [item 3]",
               smoke.FP32_RUN)
     chosen = [step for step in smoke.steps() if step.name in wanted]
-    outcomes = steps.run_steps(context(tmp_path, cuda=True), chosen, say=lambda line: None)
-    assert [o.status for o in outcomes] == [PASS] * 3, [(o.name, o.reason) for o in outcomes]
-    conversion, trace, run = outcomes  # in the smoke's order
+    outcomes = steps.run_steps(context(tmp_path, rehearsal=True), chosen, say=lambda line: None)
+    assert [o.status for o in outcomes] == [PASS] * 4, [(o.name, o.reason) for o in outcomes]
+    equivalence, conversion, trace, run = outcomes  # in the smoke's order
+    assert set(equivalence.values["max_abs_difference"]) == {"bn_free", "batchnorm"}
+    assert equivalence.values["tf32"] is False  # cuDNN allows TF32 by default: turned off
     assert trace.values["events"]["step_spans_user_annotation"] == 3  # library.trace's steps
     assert trace.values["median"]["measured_ms"] > 0
     assert (tmp_path / "trace" / "trace_rank0.json").is_file()

@@ -6,7 +6,7 @@ import time
 import torch
 
 import workshop_lib.gpu_check
-from workshop_lib import cli
+from workshop_lib import cli, hardware
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 from workshop_lib.gpu_check import budget, environment, full, report, smoke
 from workshop_lib.gpu_check.library import REPO
@@ -23,6 +23,9 @@ def parse_args(argv):
     add = parser.add_argument
     add("--smoke", action="store_true",
         help="the one-GPU smoke check (torch alone needed; under 5 minutes)")
+    add("--cpu-rehearsal", action="store_true",
+        help="--smoke without a GPU: run on the CPU every step that can (checks an image "
+             "before its GPUs are at hand; says nothing about GPUs)")
     add("--out", type=cli.folder, default=None,
         help=f"folder for the report, logs and runs (default: {DEFAULT_OUT}, "
              f"{DEFAULT_OUT / 'smoke'} for --smoke)")
@@ -38,6 +41,9 @@ def parse_args(argv):
     add("--no-tests", action="store_true", help="skip the GPU tests")
     add("--no-bench", action="store_true", help="skip the benchmark")
     args = parser.parse_args(argv)
+    if args.cpu_rehearsal and not args.smoke:
+        raise CourseError("--cpu-rehearsal goes with --smoke (the full check rehearses on "
+                          "the CPU with --profile cpu)")
     if args.deadline is not None and not args.deadline > 0:
         raise CourseError(f"--deadline must be positive, got {args.deadline}")
     return args
@@ -56,6 +62,9 @@ def notebook_paths(names):
 
 
 def totals(args, outcomes, wall_s):
+    if args.cpu_rehearsal:
+        return [f"The CPU rehearsal took {wall_s:.0f} s (the smoke's target, "
+                f"{SMOKE_TARGET_S / 60:.0f} min, is for one GPU)."]
     if args.smoke:
         return [f"The smoke took {wall_s:.0f} s, against its target of "
                 f"{SMOKE_TARGET_S / 60:.0f} min on one GPU"
@@ -65,14 +74,26 @@ def totals(args, outcomes, wall_s):
     return budget.verdict_lines(measured)
 
 
+def no_gpu():
+    """Why this machine has no GPU for the smoke, in a clause."""
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False here"
+    return (f"this PyTorch build ({' '.join(torch.cuda.get_arch_list())}) has no kernels "
+            f"for the GPU(s) here")
+
+
 @exit_cleanly_on_course_error
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    cuda = torch.cuda.is_available()
+    cuda = hardware.usable_gpus() > 0 and not args.cpu_rehearsal
+    if args.smoke and not cuda and not args.cpu_rehearsal:
+        raise CourseError(f"the smoke check needs a GPU that PyTorch can use, and {no_gpu()} "
+                          f"(`make doctor` says more); run it on the GPU machine, or add "
+                          f"--cpu-rehearsal to run on the CPU the steps that can")
     if not args.smoke and args.profile == "gpu" and not cuda:
         raise CourseError("gpu-check needs a GPU that PyTorch can use, and this machine has "
                           "none (`make doctor` says why); --profile cpu checks the command "
-                          "itself, --smoke runs what needs no GPU")
+                          "itself, --smoke --cpu-rehearsal runs what needs no GPU")
     paths = [] if args.smoke else notebook_paths(args.notebooks)
     out = (args.out or (DEFAULT_OUT / "smoke" if args.smoke else DEFAULT_OUT)).resolve()
     cli.prepare_out_dir(out)
@@ -81,8 +102,9 @@ def main(argv=None):
         if args.smoke else []
     folder = environment.install_standins(standins, out / "standins")
     deadline = args.deadline or (smoke.DEADLINE_S if args.smoke else None)
-    context = Context(out=out, env=environment.command_env(folder, one_gpu=args.smoke),
-                      cuda=cuda, deadline=start + deadline if deadline else None, cwd=REPO)
+    env = environment.command_env(folder, one_gpu=args.smoke, no_gpu=args.cpu_rehearsal)
+    context = Context(out=out, env=env, cuda=cuda, rehearsal=args.cpu_rehearsal,
+                      deadline=start + deadline if deadline else None, cwd=REPO)
     steps = smoke.steps() if args.smoke else full.steps(
         paths, args.profile, tests=not args.no_tests, run_bench=not args.no_bench)
     outcomes = run_steps(context, steps, say=lambda line: print(line, flush=True))
@@ -90,8 +112,10 @@ def main(argv=None):
     notes = [f"{step.name}: {step.checks}" for step in steps]
     if not args.smoke:
         notes.append("budget s: " + budget.__doc__.split("\n\n")[1].replace("\n", " "))
-    title = "GPU smoke check" if args.smoke else "GPU check (make gpu-check)"
-    built = report.build(title, environment.describe(standins, one_gpu=args.smoke), outcomes,
+    title = "GPU smoke check" + (", CPU rehearsal" if args.cpu_rehearsal else "") \
+        if args.smoke else "GPU check (make gpu-check)"
+    machine = environment.describe(standins, one_gpu=args.smoke, rehearsal=args.cpu_rehearsal)
+    built = report.build(title, machine, outcomes,
                          wall_s, notes=notes, totals=totals(args, outcomes, wall_s))
     print(report.write(out, built))
     print(f"report: {out / 'report.md'} and report.json")

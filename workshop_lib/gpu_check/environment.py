@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from workshop_lib import hardware
 from workshop_lib.gpu_check.library import REPO
 
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -60,8 +61,9 @@ def first_gpu():
     return visible or "0"
 
 
-def command_env(standins=None, one_gpu=False, extra_path=()):
-    """The environment of the check's commands."""
+def command_env(standins=None, one_gpu=False, extra_path=(), no_gpu=False):
+    """The environment of the check's commands (``no_gpu``: they see none, as in a CPU
+    rehearsal, where a command that picks the GPU by itself must pick the CPU)."""
     env = dict(os.environ)
     path = [str(p) for p in (*([standins] if standins else []), REPO, *extra_path)]
     if env.get("PYTHONPATH"):
@@ -71,6 +73,8 @@ def command_env(standins=None, one_gpu=False, extra_path=()):
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun otherwise warns that it set it
     if one_gpu:
         env["CUDA_VISIBLE_DEVICES"] = first_gpu()
+    if no_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     # This Python's bin folder first: the tests and notebooks find its torchrun.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
@@ -84,19 +88,23 @@ def torch_version():
         return None
 
 
-def describe(standins_used, one_gpu):
+def describe(standins_used, one_gpu, rehearsal=False):
     """The machine lines of the report: software, GPUs as PyTorch counts them (the
     ``cuda-info`` step adds their names, without a CUDA context here), packages."""
     cuda = torch.cuda.is_available()
     lines = [f"Python {platform.python_version()} on {platform.platform()}",
              f"torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}; "
              f"torch.cuda.is_available(): {cuda}"
-             + (f", {torch.cuda.device_count()} GPU(s)" if cuda else "")]
+             + (f", {torch.cuda.device_count()} GPU(s), {hardware.usable_gpus()} usable"
+                if cuda else "")]
+    if rehearsal:
+        lines.append("CPU REHEARSAL (--cpu-rehearsal): the steps that can run on the CPU "
+                     "ran there; nothing on a GPU was checked")
     version = torch_version()
     if version is not None and version < MIN_TORCH:
         lines.append(f"warning: torch {torch.__version__} is older than the "
                      f"{'.'.join(map(str, MIN_TORCH))} this check is written for")
-    if one_gpu and cuda:
+    if one_gpu and cuda and not rehearsal:
         lines.append(f"the smoke's commands see one GPU: CUDA_VISIBLE_DEVICES={first_gpu()}")
     present = [name for name in IMPORTED if importable(name)] + \
         [name for name in FOUND if has_module(name)]

@@ -13,7 +13,7 @@ CONVERSION_SOLUTION = REPO / "workshop_lib" / "labs" / "files" / "conversion_sol
 CONVERSION_TARGET = 0.85  # the conversion lab's target_accuracy (labs/from_one_gpu_to_many.py)
 LR_SCHEDULER_WARNING = "lr_scheduler.step()"  # PyTorch's "called before optimizer.step()"
 GRAD_SCALER_INIT_SCALE = 2.0 ** 16  # torch.amp.GradScaler's default init_scale
-DEVICE = "cuda"  # the device the steps' commands ask for (the tests read them on the CPU)
+DEVICE = "cuda"  # the device the steps' commands ask for (a CPU rehearsal asks for "cpu")
 
 
 def torchrun(nproc, *target):
@@ -27,9 +27,10 @@ def doctor():
     return ["-m", "workshop_lib", "doctor"]
 
 
-def equivalence(out_json):
+def equivalence(out_json, device=None):
     """Ranks against one process, with SyncBatchNorm on CUDA (issue 20, item 1)."""
-    return ["-m", "workshop_lib.equivalence", "--device", DEVICE, "--out", str(out_json)]
+    return ["-m", "workshop_lib.equivalence", "--device", device or DEVICE, "--out",
+            str(out_json)]
 
 
 def conversion(out_dir, epochs=3):
@@ -37,14 +38,14 @@ def conversion(out_dir, epochs=3):
     return [str(CONVERSION_SOLUTION), "--epochs", str(epochs), "--out", str(out_dir)]
 
 
-def trace(out_dir, steps=3, warmup=2):
-    return ["-m", "workshop_lib.trace", "--device", DEVICE, "--out", str(out_dir),
+def trace(out_dir, steps=3, warmup=2, device=None):
+    return ["-m", "workshop_lib.trace", "--device", device or DEVICE, "--out", str(out_dir),
             "--steps", str(steps), "--warmup", str(warmup)]
 
 
-def train(out_dir, *flags, epochs=4, batch_size=64):
+def train(out_dir, *flags, epochs=4, batch_size=64, device=None):
     """A one-GPU run of the training script on digits."""
-    return ["-m", "workshop_lib.train", "--device", DEVICE, "--dataset", "digits",
+    return ["-m", "workshop_lib.train", "--device", device or DEVICE, "--dataset", "digits",
             "--model", "cnn", "--epochs", str(epochs), "--batch-size", str(batch_size),
             "--no-progress", "--out", str(out_dir), *flags]
 

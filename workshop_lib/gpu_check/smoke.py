@@ -8,8 +8,13 @@ torchrun [2]; the profiler trace on CUDA, keeping the trace file [3]; the larges
 with and without gradient checkpointing, and whether it is the search's cap [9];
 training runs in fp32, fp16 (no lr_scheduler warning on stderr [10]), bf16 and with
 gradient checkpointing, each with its peak GPU memory; the one-GPU tests of
-``tests/test_gpu.py`` (where pytest is installed). ``doctor`` needs no GPU; every other
-step is skipped on a machine without CUDA, and says so.
+``tests/test_gpu.py`` (where pytest is installed).
+
+Without a GPU PyTorch can use the smoke refuses to run, in one line: a smoke that skips
+its GPU steps checks nothing. ``--cpu-rehearsal`` runs it on the CPU anyway, every step
+that can run there (``doctor``, the equivalence without SyncBatchNorm, the conversion, the
+trace, the training runs), to check an image before its GPUs are at hand; the others are
+skipped, and say so.
 """
 import json
 import math
@@ -67,16 +72,17 @@ def equivalence(context, limit):
         differences = result["max_abs_difference"]
         figures = [f"largest parameter difference, 1 rank against one process, {variant}: "
                    f"{value:.3g}" for variant, value in differences.items()]
+        figures.append(f"TF32 during the comparisons: {'on' if result.get('tf32') else 'off'}")
         reduces = result.get("accumulation", {}).get("all_reduces")
         if reduces:
             figures.append("gradient all-reduces per accumulated step: "
                            + ", ".join(f"{k} {v}" for k, v in reduces.items()))
-        problem = None if "sync_batchnorm" in differences else (
+        problem = None if "sync_batchnorm" in differences or not context.cuda else (
             "the result has no sync_batchnorm comparison, which runs on CUDA only")
         return figures, result, problem
 
-    finished = context.command("equivalence", library.torchrun(1, *library.equivalence(out)),
-                               limit)
+    finished = context.command("equivalence", library.torchrun(
+        1, *library.equivalence(out, device=context.device)), limit)
     return from_process("equivalence, 1 rank on CUDA [item 1]", finished, context, read)
 
 
@@ -142,13 +148,9 @@ def trace(context, limit):
         problem = None if summary_path.is_file() else "no summary.json written"
         return figures, values, problem
 
-    finished = context.command("trace", library.torchrun(1, *library.trace(out)), limit)
-    outcome = from_process("trace on CUDA, 1 rank [item 3]", finished, context, read)
-    if "Numpy is not available" in outcome.reason:
-        outcome.reason += (" (torch's all_gather_object, which gathers the ranks' records, "
-                           "needs numpy, and this image lacks it; the trace file and its "
-                           "counts were written before)")
-    return outcome
+    finished = context.command("trace", library.torchrun(
+        1, *library.trace(out, device=context.device)), limit)
+    return from_process("trace on CUDA, 1 rank [item 3]", finished, context, read)
 
 
 def largest_batch(context, limit):
@@ -206,7 +208,8 @@ def training_run(name, tag, flags, check_stderr=False):
                     problem = f"stderr holds PyTorch's warning: {warnings[0].strip()[:300]}"
             return figures, values, problem
 
-        finished = context.command(tag, library.train(out, *flags), limit)
+        finished = context.command(tag, library.train(out, *flags, device=context.device),
+                                   limit)
         return from_process(name, finished, context, read)
 
     return run
@@ -261,25 +264,27 @@ def steps():
              needs_cuda=False),
         Step("equivalence, 1 rank on CUDA [item 1]",
              "SyncBatchNorm against one process: revert_sync_batchnorm is not in torch", 120,
-             equivalence),
+             equivalence, rehearses=True),
         Step("conversion reference, 1 rank on CUDA [item 2]",
              "notebook 02's reference script: torch.stack of CUDA sums with a CPU count", 120,
-             conversion),
+             conversion, rehearses=True),
         Step("trace on CUDA, 1 rank [item 3]",
-             "the profiler trace on a GPU: mirrored gpu_user_annotation step spans", 150, trace),
+             "the profiler trace on a GPU: mirrored gpu_user_annotation step spans", 150, trace,
+             rehearses=True),
         Step("largest batch, with and without checkpointing [item 9]",
              "memory.largest_batch, and whether its answer is the search's cap", 180,
              largest_batch),
         Step(FP32_RUN, "a one-GPU training run in fp32: the memory baseline", 90,
-             training_run(FP32_RUN, "run-fp32", [])),
+             training_run(FP32_RUN, "run-fp32", []), rehearses=True),
         Step("fp16 run [item 10]", "fp16 with a GradScaler: no lr_scheduler warning on stderr",
              90, training_run("fp16 run [item 10]", "run-fp16", ["--amp", "fp16"],
                               check_stderr=True)),
         Step("bf16 run", "bf16 autocast on the GPU, with its peak memory", 90,
-             training_run("bf16 run", "run-bf16", ["--amp", "bf16"]), skip=_needs_bf16),
+             training_run("bf16 run", "run-bf16", ["--amp", "bf16"]), skip=_needs_bf16,
+             rehearses=True),
         Step("grad checkpointing run", "gradient checkpointing, with its peak memory", 90,
              training_run("grad checkpointing run", "run-checkpointing",
-                          ["--grad-checkpointing"])),
+                          ["--grad-checkpointing"]), rehearses=True),
         Step("one-GPU tests (pytest -m gpu)",
              "tests/test_gpu.py on one GPU (the 2-GPU tests skip, saying so)", 240, gpu_tests,
              skip=_needs_pytest),

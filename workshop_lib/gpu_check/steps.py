@@ -2,9 +2,10 @@
 
 A step is a name, what it checks, a time limit and a function that does the work and
 returns an ``Outcome``. ``run_steps`` skips a step that needs CUDA on a machine without
-it (saying so), or whose own precondition is missing, or that would start after the
-check's deadline; it turns an exception inside a step into that step's failure, with the
-exception's own line, and goes on with the next step.
+it (saying so; in a CPU rehearsal a step that can run on the CPU runs there instead), or
+whose own precondition is missing, or that would start after the check's deadline; it
+turns an exception inside a step into that step's failure, with the exception's own line,
+and goes on with the next step.
 """
 import os
 import sys
@@ -14,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.gpu_check import failures, process
+from workshop_lib.gpu_check import failures, library, process
 from workshop_lib.gpu_check.report import FAIL, PASS, SKIPPED, Outcome
 
 NEEDS_CUDA = "needs CUDA (torch.cuda.is_available() is False here)"
+NOT_REHEARSED = "needs a GPU: not rehearsed on the CPU (--cpu-rehearsal)"
 MIN_STEP_S = 10  # a step with less time than this left before the deadline is skipped
 
 
@@ -25,8 +27,9 @@ MIN_STEP_S = 10  # a step with less time than this left before the deadline is s
 class Context:
     out: Path                  # the check's folder: report, logs, each step's files
     env: dict                  # the environment of every command the check runs
-    cuda: bool                 # torch.cuda.is_available() in the check's process
+    cuda: bool                 # a GPU PyTorch can use, in the check's process
     deadline: float | None = None  # time.monotonic() after which no step starts
+    rehearsal: bool = False    # --cpu-rehearsal: the CUDA steps that can, run on the CPU
     python: str = sys.executable
     cwd: Path | None = None
     results: dict = field(default_factory=dict)  # step name -> Outcome, as they finish
@@ -35,6 +38,11 @@ class Context:
         """Run ``python ARGS`` for at most ``limit_s`` seconds, logs in ``out/logs``."""
         return process.run([self.python, *args], limit_s, self.out / "logs", _file_name(name),
                            env=self.env, cwd=cwd or self.cwd)
+
+    @property
+    def device(self):
+        """The device the steps' commands ask for."""
+        return "cpu" if self.rehearsal else library.DEVICE
 
     def folder(self, name):
         path = self.out / _file_name(name)
@@ -53,6 +61,7 @@ class Step:
     limit_s: float
     run: Callable                        # (context, limit_s) -> Outcome
     needs_cuda: bool = True
+    rehearses: bool = False              # --cpu-rehearsal runs it on the CPU
     skip: Callable | None = None         # (context) -> a reason to skip, or None
     budget_s: float | None = None        # make gpu-check: the step's estimated seconds
 
@@ -62,7 +71,10 @@ def run_steps(context, steps, say=print):
     outcomes = []
     for step in steps:
         limit = step.limit_s
-        reason = NEEDS_CUDA if step.needs_cuda and not context.cuda else None
+        reason = None
+        if step.needs_cuda and not context.cuda:
+            reason = NOT_REHEARSED if context.rehearsal and not step.rehearses else \
+                None if context.rehearsal else NEEDS_CUDA
         if reason is None and step.skip is not None:
             reason = step.skip(context)
         if reason is None and context.deadline is not None:
