@@ -229,3 +229,21 @@ def test_detection_counts_only_gpus_the_build_serves(capabilities, usable, monke
         assert hardware.pick_device("auto").type == "cpu"
         with pytest.raises(CourseError, match="has no kernels for this GPU"):
             hardware.pick_device("cuda")
+
+
+def test_a_job_describes_its_hardware_once_from_rank_0(tmp_path, monkeypatch):
+    """hardware.describe() runs nvidia-smi twice (the GPUs, then ``topo -m``): rank 0
+    records it in the run log; the other ranks' logs are off and ask nothing."""
+    import argparse
+
+    from workshop_lib import runlog
+
+    asked = []
+    monkeypatch.setattr(hardware, "describe", lambda: asked.append(1) or {"gpus": []})
+    args = argparse.Namespace(epochs=1)
+    runlog.RunLog(tmp_path / "other", enabled=False).start("train_ddp", args, world_size=2)
+    assert asked == []
+    (tmp_path / "rank0").mkdir()
+    runlog.RunLog(tmp_path / "rank0").start("train_ddp", args, world_size=2)
+    assert asked == [1]
+    assert runlog.read(tmp_path / "rank0").start["hardware"] == {"gpus": []}

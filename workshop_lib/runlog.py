@@ -46,13 +46,14 @@ class RunLog:
 
     def start(self, script, args, **derived):
         """Record and print the run's set-up: the quantities a reader needs to interpret it."""
+        if not self.enabled:  # rank 0 describes the hardware, once per job: nvidia-smi twice
+            return
         self.write("start", script=script, args={k: str(v) for k, v in vars(args).items()},
                    **derived, hardware=hardware.describe())
-        if self.enabled:
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in derived.items()))
-            print(" ".join(f"{heading.strip():>{len(heading)}}" for _, heading, _ in TABLE_COLUMNS),
-                  flush=True)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in derived.items()))
+        print(" ".join(f"{heading.strip():>{len(heading)}}" for _, heading, _ in TABLE_COLUMNS),
+              flush=True)
 
     def epoch(self, record):
         self.write("epoch", **record)

@@ -62,8 +62,9 @@ def run(device, rounds, steps, with_compile, say):
     }
     if with_compile:
         parts["compiled"] = lambda: compiled.compare(rank, world_size, device)
-    result = {"world_size": world_size, "device": device.type,
-              "backend": dist.get_backend(), "hardware": hardware.describe(), "seconds": {}}
+    # The hardware described by rank 0 alone (nvidia-smi twice), which writes the result.
+    result = {"world_size": world_size, "device": device.type, "backend": dist.get_backend(),
+              "hardware": hardware.describe() if rank == 0 else None, "seconds": {}}
     for name, measure in parts.items():
         start = time.perf_counter()
         result[name] = measure()
