@@ -314,6 +314,15 @@ def test_dataparallel_and_step_time_verdicts():
     summary["floor"] = {"floor_ms": 2.0}  # the trace's own fit
     assert "exposed is 2.0x it" in nb05.step_time(summary)["step_time"].text
 
+    # A fast GPU's step that leaves the GPU idle between kernels is named launch-bound: the
+    # gaps account for what compute and exposed communication do not.
+    median.update({"step_ms": 12.0, "gpu_idle_ms": 8.0})
+    median["accounted"]["median"] = 0.35
+    found = nb05.step_time(summary)["step_time"]
+    assert found.holds and "LAUNCH-BOUND" in found.text and "idle 8.00 ms" in found.text
+    median["gpu_idle_ms"] = 2.0  # the GPU busy most of the step: the shortfall stays one
+    found = nb05.step_time(summary)["step_time"]
+    assert not found.holds and "LAUNCH-BOUND" not in found.text
 
 
 def test_input_bound_judges_the_share_of_the_step_spent_waiting():

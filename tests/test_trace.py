@@ -128,6 +128,27 @@ def test_gpu_step_reads_kernels_and_nccl():
     assert figures["exposed_ms"] == pytest.approx(1.0 + 0.5)
 
 
+def test_a_gpu_step_whose_kernels_leave_gaps_is_launch_bound():
+    """The GPU idle between kernels (nothing of the step running on it) is the step's
+    ``gpu_idle_ms``; more than half the step idle makes it launch-bound."""
+    [busy] = timeline.analyse_trace(gpu_step_events())
+    assert busy["gpu_idle_ms"] == pytest.approx(10.0 - 6.0)  # 1..6, 6.5..7, 8..8.5 ms ran
+    assert not timeline.launch_bound(busy)
+    # The same work in short kernels launched far apart: the GPU waits for the CPU.
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    sparse = [step(0, 0, 10_000), op("aten::conv2d", 0, 300),
+              *(op("void small_kernel", t, t + 200, tid=7, cat="kernel", pid=0)
+                for t in range(500, 9_000, 1_000)),
+              op(nccl, 9_000, 9_500, tid=20, cat="kernel", pid=0)]
+    [gappy] = timeline.analyse_trace(sparse)
+    assert gappy["gpu_idle_ms"] == pytest.approx(10.0 - 9 * 0.2 - 0.5)
+    assert timeline.launch_bound(gappy)
+    # A CPU step has no GPU to sit idle: never launch-bound, whatever its gaps.
+    cpu = [step(0, 0, 10_000), op("aten::conv2d", 0, 1_000)]
+    [figures] = timeline.analyse_trace(cpu)
+    assert "gpu_idle_ms" not in figures and not timeline.launch_bound(figures)
+
+
 def with_gpu_mirrors(events):
     """``events`` plus what Kineto adds on GPUs: each host span (``user_annotation``)
     mirrored onto every GPU stream that ran work inside it, as a ``gpu_user_annotation``

@@ -31,8 +31,13 @@ and some of them run in the next one's span). Within a step:
   communication time with no compute beside it (the step waited for it).
 
 ``other = step - compute - exposed`` is what neither covers: Python between operators,
-and on a busy machine the training thread waiting for a core. Intervals are in the
-trace's microseconds; the step figures are in milliseconds.
+and on a busy machine the training thread waiting for a core. On GPUs it is the time the
+GPU ran nothing of the step (``gpu_idle_ms``): before its first kernel and in the gaps
+between kernels, while the CPU was still launching them. A step whose GPU sits idle for
+more than ``LAUNCH_BOUND`` of it is **launch-bound**: the CPU cannot issue kernels as
+fast as the GPU runs them (small kernels on a fast GPU), and the step's time is the
+host's, not the GPU's. Intervals are in the trace's microseconds; the step figures are in
+milliseconds.
 """
 import statistics
 
@@ -44,6 +49,7 @@ NCCL_KERNEL_PREFIXES = ("ncclDevKernel_", "ncclKernel_")
 # What the training thread runs to start a collective: c10d's dispatcher op, the backends'
 # spans, and the communication record NCCL adds for the profiler.
 LAUNCH_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+LAUNCH_BOUND = 0.5  # a GPU step idle for more than this share of it is launch-bound
 
 
 # -- Interval arithmetic on (start, end) pairs -------------------------------------------
@@ -218,13 +224,17 @@ def analyse_trace(events):
     microseconds) and its compute, communication and exposed intervals in ms from the
     step's start."""
     steps = []
+    gpu = on_device(events)
     for step in step_spans(events):
         start, end = span(step)
         compute, communication, collectives = step_intervals(events, step)
+        figures = step_figures(compute, communication, start, end)
+        if gpu:  # what the GPU ran none of: compute and exposed communication leave it
+            figures["gpu_idle_ms"] = figures["other_ms"]
         steps.append({
             "step": step_number(step),
             "start_us": start,
-            **step_figures(compute, communication, start, end),
+            **figures,
             "collectives": collectives,
             "intervals": {
                 "compute": relative_ms(compute, start),
@@ -236,7 +246,14 @@ def analyse_trace(events):
 
 
 FIGURES = ("step_ms", "measured_ms", "compute_ms", "communication_ms", "overlapped_ms",
-           "exposed_ms", "other_ms")
+           "exposed_ms", "other_ms", "gpu_idle_ms")
+
+
+def launch_bound(figures):
+    """Whether a step (or a rank's median step) on a GPU left the GPU idle for more than
+    ``LAUNCH_BOUND`` of it; False on a CPU, which has no such gaps to read."""
+    idle = figures.get("gpu_idle_ms")
+    return idle is not None and idle > LAUNCH_BOUND * figures["step_ms"]
 
 
 def rank_totals(steps):
