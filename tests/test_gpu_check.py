@@ -302,6 +302,18 @@ def test_the_budget_has_an_estimate_and_a_basis_for_every_notebook():
     assert over[-1].startswith("Heaviest: 03_keeping_accuracy_at_scale 11.7 min")
 
 
+def test_notebook_04s_budget_prices_the_waits_and_sections_the_notebook_has():
+    """The budget reads as the notebook is: its hang's timeout, its debugging jobs' own,
+    the second hang's section; a notebook change that moves them fails here."""
+    cells = json.loads((REPO / "notebooks" / "04_when_things_go_wrong.ipynb").read_text())
+    text = "\n".join("".join(cell["source"]) for cell in cells["cells"])
+    assert f"hang_timeout_s = {budget.HANG_TIMEOUT_S}\n" in text
+    assert text.count(f'"--dist-timeout", "{budget.DEBUG_TIMEOUT_S}"') == 3  # 2 jobs, DETAIL
+    assert "a second hang" in text and "second hang" in budget.NOTEBOOKS[
+        "04_when_things_go_wrong"].basis
+    assert "item 6" not in budget.NOTEBOOKS["04_when_things_go_wrong"].basis  # fixed since
+
+
 # --- what the smoke runs with -------------------------------------------------------------
 
 def test_the_standin_digits_have_the_real_ones_shape_and_range():

@@ -23,6 +23,7 @@ step's measured seconds next to these: the measured figures replace this table.
 import math
 from dataclasses import dataclass
 
+from workshop_lib.plans import FAILURE_EPOCHS
 from workshop_lib.profile import SIZES
 
 TARGET_S = 15 * 60  # the course's budget for its notebooks on 4 A100-class GPUs
@@ -33,6 +34,8 @@ LAUNCH_S = 15.0
 SMALL_RUN_S = 5.0
 KERNEL_S = 10.0
 LIMIT_FACTOR, MIN_LIMIT_S = 3, 300  # a step's time limit: 3x its estimate, at least 5 min
+# Notebook 04's waits: its hang's --dist-timeout, and its debugging jobs' (gloo, 2 ranks)
+HANG_TIMEOUT_S, DEBUG_TIMEOUT_S = 15, 20
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,13 @@ NOTEBOOKS = {
         f"two sweeps of 5 one-device runs, {EPOCHS} epochs (base and hot rate); equivalence; the "
         "challenge's reference run"),
     "04_when_things_go_wrong": Estimate(
-        KERNEL_S + small(6, waits_s=15 + 20),
-        "crash, hang (15 s timeout), debug job and its check, DETAIL mismatch (20 s "
-        "timeout), kill-and-restart (2 launches); ~5 min more while item 6's hang stands"),
+        KERNEL_S + 3 * ddp(FAILURE_EPOCHS) + LAUNCH_S + ddp(FAILURE_EPOCHS) + HANG_TIMEOUT_S
+        + small(3, waits_s=DEBUG_TIMEOUT_S * 2) + small(2, waits_s=DEBUG_TIMEOUT_S),
+        f"the crash, the restart (2 launches) and the uninterrupted run, {FAILURE_EPOCHS} "
+        f"epochs each on {GPUS} ranks; the hang ({HANG_TIMEOUT_S} s timeout); the debug job "
+        f"(its {DEBUG_TIMEOUT_S} s timeout), the DETAIL mismatch ({DEBUG_TIMEOUT_S} s) and "
+        f"the debugging check (digits on 2 CPU ranks); the second hang: rank 0 evaluating "
+        f"through the wrapper ({DEBUG_TIMEOUT_S} s timeout) and its fix's check"),
     "05_worked_example": Estimate(
         KERNEL_S + wave(3, 3) + wave(4, 3) + 20 + small(4),
         "precision sweep (3 runs x 3 epochs), remedies sweep (4 runs x 3 epochs), the "
