@@ -1,4 +1,5 @@
 """Shared helpers: run a function in several real gloo ranks, run the course's commands."""
+import json
 import os
 import subprocess
 import sys
@@ -90,18 +91,18 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
     workstation's tests pin the CPU profile too).
 
     Runs write under ``runs_dir`` (passed as the ``runs_dir`` parameter), so the test can
-    assert on the run records of this very execution. Returns the executed notebook.
+    assert on the run records of this very execution. Returns the executed notebook. The
+    kernel talks over Unix sockets (tests/notebook_kernels.py): no port to lose to a
+    gloo job.
     """
-    import papermill
+    from notebook_kernels import execute
 
     output = Path(runs_dir) / f"executed-{name}"
     started = time.perf_counter()
-    papermill.execute_notebook(
-        str(REPO / "notebooks" / name), str(output), kernel_name="python3",
-        parameters={"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
-                    "solutions": True, **parameters},
-        cwd=str(REPO / "notebooks"), execution_timeout=timeout_per_cell, progress_bar=False,
-    )
+    execute(REPO / "notebooks" / name, output,
+            {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
+             "solutions": True, **parameters},
+            cwd=REPO / "notebooks", execution_timeout=timeout_per_cell)
     return _executed(name, output, time.perf_counter() - started, parameters)
 
 
@@ -117,17 +118,21 @@ def _executed(name, output, seconds, parameters):
     return notebook
 
 
-def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900):
-    """``execute_notebook`` for each ``(name, runs_dir, parameters)`` of ``runs``, with
-    ``side_by_side`` papermill processes at a time; ``{name: executed notebook}``.
+def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
+                                   folder=REPO / "notebooks"):
+    """``execute_notebook`` for each ``(name, runs_dir, parameters)`` of ``runs`` (the
+    notebooks of ``folder``, run from there), with ``side_by_side`` papermill processes
+    at a time; ``{name: SideBySide}``, whose ``notebook()`` gives the executed notebook
+    or raises that notebook's own failure, so a notebook that fails fails its own test
+    and no other.
 
     For runs of one process each: two of them keep a 2-core machine busy where one alone
     leaves a core waiting while it starts Python, torch and torchrun. Every process a
     notebook starts is told it shares the machine (hardware.SHARERS_ENV), so each takes
-    its share of the cores' threads.
+    its share of the cores' threads. Each kernel talks over Unix sockets
+    (tests/notebook_kernels.py): the gloo jobs of the notebook beside it open many
+    ephemeral TCP ports, and one of them could take a port chosen for the kernel.
     """
-    import subprocess
-
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
            "WORKSHOP_PROCESSES_ON_MACHINE": str(side_by_side)}
     pending, running, executed = list(runs), [], {}
@@ -136,11 +141,10 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900):
         output = Path(runs_dir) / f"executed-{name}"
         values = {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
                   "solutions": True, **parameters}
-        command = [sys.executable, "-m", "papermill", str(REPO / "notebooks" / name),
-                   str(output), "--kernel", "python3", "--cwd", str(REPO / "notebooks"),
-                   "--execution-timeout", str(timeout_per_cell), "--no-progress-bar"]
-        for key, value in values.items():
-            command += ["-p", key, str(value)]
+        command = [sys.executable, str(REPO / "tests/notebook_kernels.py"),
+                   str(Path(folder) / name), str(output), "--cwd", str(folder),
+                   "--parameters", json.dumps(values), "--execution-timeout",
+                   str(timeout_per_cell)]
         log = open(Path(runs_dir) / f"papermill-{name}.log", "w")  # noqa: SIM115
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         return name, output, values, process, log, time.perf_counter()
@@ -154,13 +158,29 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900):
             name, output, values, process, log, started = job
             log.close()
             if process.returncode != 0:
-                for _, _, _, other, _, _ in running:
-                    other.kill()
                 tail = Path(log.name).read_text()[-3000:]
-                raise AssertionError(f"{name} failed to execute (papermill {process.returncode})"
-                                     f":\n{tail}")
-            executed[name] = _executed(name, output, time.perf_counter() - started, values)
+                executed[name] = SideBySide(name, failure=f"{name} failed to execute "
+                                            f"(papermill {process.returncode}):\n{tail}")
+                continue
+            try:
+                notebook = _executed(name, output, time.perf_counter() - started, values)
+            except AssertionError as error:
+                executed[name] = SideBySide(name, failure=str(error))
+            else:
+                executed[name] = SideBySide(name, executed=notebook)
     return executed
+
+
+class SideBySide:
+    """One notebook's outcome of ``execute_notebooks_side_by_side``."""
+
+    def __init__(self, name, executed=None, failure=None):
+        self.name, self.executed, self.failure = name, executed, failure
+
+    def notebook(self):
+        if self.failure is not None:
+            raise AssertionError(self.failure)
+        return self.executed
 
 
 def stderr_outputs(notebook):

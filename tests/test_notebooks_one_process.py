@@ -22,7 +22,8 @@ QUICK = {"sweep_epochs": 6, "seeds": 1, "epochs": 1, "rounds": 2}
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """Every notebook executed this way, two at a time: ``{name: (notebook, runs dir)}``."""
+    """Every notebook executed this way, two at a time: ``{name: (SideBySide, runs dir)}``
+    (a notebook that fails to execute fails its own test below, and no other)."""
     runs = [(name, tmp_path_factory.mktemp(name[:2]), {"nproc": 1, "solutions": False, **QUICK})
             for name in NOTEBOOKS]
     notebooks = execute_notebooks_side_by_side(runs)
@@ -31,7 +32,8 @@ def executed(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes_with_one_process(name, executed):
-    notebook, tmp_path = executed[name]
+    outcome, tmp_path = executed[name]
+    notebook = outcome.notebook()
     text = notebook_text_outputs(notebook)
     assert "Traceback" not in text
     exercises = [e for e in labs._load().values() if name.startswith(e.notebook)]
