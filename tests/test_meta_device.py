@@ -13,7 +13,9 @@ Three stand-ins make that possible without processes or a GPU:
 - ``SameDevice``: meta is lenient where CUDA is not (an in-place ``meta.add_(cpu)`` or
   ``cpu.add_(meta)`` passes), so every operation is checked as CUDA would: no CPU tensor of
   one or more dimensions beside a tensor on the device (0-dim CPU tensors are scalars CUDA
-  accepts; indexing and copies move their CPU operands themselves);
+  accepts as inputs), no CPU tensor written by an operation on device tensors (``total =
+  torch.zeros(()); total += loss``), and only copies and indexing's indices move their
+  CPU operands themselves;
 - ``PassThroughDDP``: DDP cannot wrap a meta model (its constructor reads the parameters'
   values), and one process has no peers; the stand-in keeps the interface the scripts use
   (``.module``, ``no_sync``, ``register_comm_hook``);
@@ -50,16 +52,33 @@ FILES = REPO / "workshop_lib/labs/files"
 ASSESSMENT = REPO / "assessment/source/ddp_refactor"
 RANK, WORLD_SIZE = 0, 2  # the rank each run plays, of a two-rank job
 
-# Operations that take CPU operands beside device ones on a GPU too: indices (moved to the
-# device by the kernel) and copies between devices (what .to() does).
-MOVES_ITS_OPERANDS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
-                      torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default,
-                      torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
+# Operations whose CPU operands CUDA takes beside device ones: copies between devices
+# (what .to() and .cpu() do) move them whole; advanced indexing moves its CPU *indices*,
+# and only those (index_put_'s values obey the rule of any other operand).
+MOVES_ITS_OPERANDS = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
+MOVES_ITS_INDICES = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+                     torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default}
+
+
+def operands(func, args, kwargs):
+    """``(argument name, written by the operation, tensor)`` for every tensor of a call,
+    named by the operator's schema (``Tensor(a!)`` marks an argument written in place,
+    ``self`` of ``add_`` or ``out=``)."""
+    schema = func._schema.arguments
+    written = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+    named = [*zip((a.name for a in schema), args, strict=False), *kwargs.items()]
+    for name, value in named:
+        for leaf in tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                yield name, name in written, leaf
 
 
 class SameDevice(TorchDispatchMode):
     """Raise where an operation mixes tensors on ``device`` with a CPU tensor that CUDA
-    would refuse there."""
+    would refuse there: a CPU operand of one or more dimensions (a 0-dim CPU tensor is a
+    scalar CUDA accepts as an input), and any CPU tensor an operation writes (an in-place
+    operation's ``self``, an ``out=``: a device result cannot land in CPU memory, not even
+    a 0-dim tensor's)."""
 
     def __init__(self, device):
         super().__init__()
@@ -67,12 +86,18 @@ class SameDevice(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if func not in MOVES_ITS_OPERANDS and any(t.device == self.device for t in tensors):
-            stray = [t for t in tensors if t.device.type == "cpu" and t.dim() > 0]
-            if stray:
-                raise RuntimeError(f"{func}: a CPU tensor of shape {tuple(stray[0].shape)} "
-                                   f"beside tensors on {self.device}")
+        tensors = [] if func in MOVES_ITS_OPERANDS else list(operands(func, args, kwargs))
+        if any(t.device == self.device for _, _, t in tensors):
+            for name, written, t in tensors:
+                if t.device.type != "cpu" or (func in MOVES_ITS_INDICES and name == "indices"):
+                    continue
+                if written:
+                    raise RuntimeError(f"{func}: writes into a CPU tensor of shape "
+                                       f"{tuple(t.shape)} ({name}) from tensors on "
+                                       f"{self.device}")
+                if t.dim() > 0:
+                    raise RuntimeError(f"{func}: a CPU tensor of shape {tuple(t.shape)} "
+                                       f"beside tensors on {self.device}")
         return func(*args, **kwargs)
 
 
@@ -336,9 +361,33 @@ def evaluate_into_a_cpu_vector(model, loader):
     return sums
 
 
+@torch.no_grad()
+def evaluate_into_a_cpu_total(model, loader):
+    """A 0-dim CPU total that a device loss is added into: CUDA takes a 0-dim CPU tensor
+    as an input, never as the output of device work."""
+    total = torch.zeros(())
+    for x, y in loader:
+        total += F.cross_entropy(model(x), y, reduction="sum")
+    return total
+
+
+@torch.no_grad()
+def evaluate_with_cpu_values_put_into_device_sums(model, loader):
+    """Counts per class kept with ``index_put_`` from CPU values: its indices may be on
+    the CPU, its values may not."""
+    counts = torch.zeros(10, device=next(model.parameters()).device)
+    for x, y in loader:
+        model(x)
+        counts.index_put_((y,), torch.ones(len(y)), accumulate=True)
+    return counts
+
+
 @pytest.mark.parametrize("evaluate, message", [
     (evaluate_with_a_cpu_count, "Tensor on device cpu is not on the expected device meta"),
     (evaluate_into_a_cpu_vector, "a CPU tensor of shape (2,) beside tensors on meta"),
+    (evaluate_into_a_cpu_total, "add_.Tensor: writes into a CPU tensor of shape () (self)"),
+    (evaluate_with_cpu_values_put_into_device_sums,
+     "index_put_.default: a CPU tensor of shape (180,) beside tensors on meta"),
 ])
 def test_a_cpu_tensor_beside_device_tensors_fails_the_guard(evaluate, message):
     _, val_set, info = data.load("digits")
@@ -347,6 +396,18 @@ def test_a_cpu_tensor_beside_device_tensors_fails_the_guard(evaluate, message):
     with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")), \
             SameDevice(META):
         evaluate(model, loader)
+
+
+def test_what_cuda_accepts_passes_the_guard():
+    """The guard is no stricter than CUDA: 0-dim CPU inputs, CPU indices, a copy across."""
+    sums = torch.zeros(3, device=META)
+    with SameDevice(META):
+        total = torch.zeros(()) + sums.sum()  # a 0-dim CPU input: the result on the device
+        sums += torch.tensor(2.0)
+        sums[torch.tensor([0, 2])] = sums[torch.tensor([1, 1])]  # CPU indices
+        sums.index_put_((torch.tensor([1]),), torch.tensor(1.0), accumulate=True)
+        sums.copy_(torch.ones(3))  # a copy across devices (meta has no data to copy out)
+    assert_on(META, total, sums)
 
 
 def test_a_collective_of_a_cpu_tensor_fails_the_guard():
@@ -362,16 +423,36 @@ def training_code(source):
             if isinstance(node, ast.FunctionDef | ast.ClassDef)} & TRAINING_CODE
 
 
-def test_every_script_with_a_training_loop_is_guarded():
-    """A script, exercise or notebook-written file that defines a training or evaluation
-    loop is in CASES (or is a copy of one that is: notebook 04's my_debug_job.py)."""
-    scripts = {str(p.relative_to(REPO)): p.read_text() for p in [
-        *sorted((REPO / "workshop_lib").glob("*.py")), *sorted(FILES.glob("*.py"))]}
-    for notebook in [*sorted((REPO / "notebooks").glob("*.ipynb")), ASSESSMENT_NOTEBOOK]:
+def training_scripts(repo=REPO):
+    """``{where: text}`` of every script the course has: the library and its subpackages
+    (the exercise files among them), and the notebooks' and the assessment's ``%%writefile``
+    scripts."""
+    scripts = {str(p.relative_to(repo)): p.read_text()
+               for p in sorted((repo / "workshop_lib").rglob("*.py"))}
+    for notebook in [*sorted((repo / "notebooks").glob("*.ipynb")),
+                     *sorted((repo / "assessment/source").rglob("*.ipynb"))]:
         scripts |= {cell_key(notebook, name): text
                     for name, text in writefile_cells(notebook).items() if name.endswith(".py")}
+    return scripts
+
+
+def unguarded(scripts):
+    """The scripts that define a training or evaluation loop and are not in CASES (nor a
+    copy of one that is: notebook 04's my_debug_job.py)."""
     copies = {text.strip("\n") for text in GUARDED.values()}
-    unguarded = [name for name, text in scripts.items() if training_code(text)
-                 and name not in GUARDED and text.strip("\n") not in copies]
-    assert not unguarded, f"training code that no meta-device run covers (add to CASES): " \
-                          f"{unguarded}"
+    return [name for name, text in scripts.items() if training_code(text)
+            and name not in GUARDED and text.strip("\n") not in copies]
+
+
+def test_every_script_with_a_training_loop_is_guarded():
+    assert not unguarded(training_scripts()), \
+        f"training code that no meta-device run covers (add to CASES): " \
+        f"{unguarded(training_scripts())}"
+
+
+def test_a_training_loop_in_a_subpackage_is_seen(tmp_path):
+    part = tmp_path / "workshop_lib/inside_ddp/new_part.py"
+    part.parent.mkdir(parents=True)
+    part.write_text("def evaluate(model, loader):\n    return model(next(iter(loader)))\n")
+    (tmp_path / "notebooks").mkdir()
+    assert unguarded(training_scripts(tmp_path)) == ["workshop_lib/inside_ddp/new_part.py"]
