@@ -249,6 +249,8 @@ def test_a_cpu_rehearsal_runs_the_steps_that_can_on_the_cpu_and_names_the_others
     assert [(o.status, o.reason) for o in outcomes] == [
         (PASS, ""), (SKIPPED, steps.NOT_REHEARSED), (PASS, "")]
     assert devices == ["cpu", "cpu"]
+    # The CPU gets more time for a GPU step's work; a step that needs no GPU keeps its own.
+    assert [o.limit_s for o in outcomes] == [60 * steps.REHEARSAL_SLOWER, 60, 60]
     assert context(tmp_path, rehearsal=True).env["CUDA_VISIBLE_DEVICES"] == ""
     # Not a rehearsal: the same steps skip without CUDA, saying so.
     outcomes = steps.run_steps(context(tmp_path), [steps.Step("x", "", 60, run, rehearses=True)],

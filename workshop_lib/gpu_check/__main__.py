@@ -10,7 +10,7 @@ from workshop_lib import cli, hardware
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 from workshop_lib.gpu_check import budget, environment, full, report, smoke
 from workshop_lib.gpu_check.library import REPO
-from workshop_lib.gpu_check.steps import Context, run_steps
+from workshop_lib.gpu_check.steps import REHEARSAL_SLOWER, Context, run_steps
 
 DEFAULT_OUT = REPO / "build" / "gpu-check"
 SMOKE_TARGET_S = 5 * 60
@@ -102,6 +102,8 @@ def main(argv=None):
         if args.smoke else []
     folder = environment.install_standins(standins, out / "standins")
     deadline = args.deadline or (smoke.DEADLINE_S if args.smoke else None)
+    if args.cpu_rehearsal and not args.deadline:
+        deadline *= REHEARSAL_SLOWER
     env = environment.command_env(folder, one_gpu=args.smoke, no_gpu=args.cpu_rehearsal)
     context = Context(out=out, env=env, cuda=cuda, rehearsal=args.cpu_rehearsal,
                       deadline=start + deadline if deadline else None, cwd=REPO)
