@@ -747,3 +747,14 @@ def test_a_rule_that_restores_only_in_its_last_epoch_is_not_called_restored():
     assert not nb01.rule_restores(small, large, lucky).holds
     assert "settled at 0.900" in nb01.rule_restores(small, large, lucky).text
     assert nb01.rule_restores(small, large, steady).holds
+
+
+def test_the_noise_scale_places_each_batch_against_it():
+    def est(b_noise, batches=16, big=512):
+        return {"b_noise": b_noise, "batches": batches, "big": big}
+    found = nb03.noise_scale({"start": est(62.0), "trained": est(None)}, 32, 512)["noise_scale"]
+    assert "B_noise ~ 62: batch 32 below it (noise-dominated), batch 512 8.3x above it" in \
+        found.text
+    assert "not resolved" in found.text and "It grew as the loss fell" in found.text
+    found = nb03.noise_scale({"start": est(62.0), "trained": est(40.0)}, 32, 512)["noise_scale"]
+    assert "did not grow" in found.text and found.holds is None

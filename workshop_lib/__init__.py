@@ -42,6 +42,7 @@ Measurements
 - ``equivalence``    ranks against one process (BatchNorm), micro-batches against one batch
 - ``dataparallel``   ``nn.DataParallel`` against DDP on the same GPUs
 - ``input_pipeline`` a step fed by a DataLoader against data on the device (notebook 05)
+- ``noise_scale``    the gradient noise scale: past it a larger batch buys little (notebook 03)
 - ``naive_ddp``      data parallelism from two collectives, checked against DDP
 - ``uneven_inputs``  ranks with unequal batches: the hang, equal steps and ``Join`` (notebook 06)
 - ``inside_ddp``     overlap, buckets and ZeRO-1, built and checked (notebook 07)
@@ -54,6 +55,7 @@ What the notebooks call
 - ``sgd_toy``        gradient descent on a problem small enough to see (notebook 01)
 - ``widgets``        the batch-size explorer
 - ``plots``          plots of run records
+- ``ddp_step``       what DDP does in one step, with torch's own buckets (02's picture)
 - ``gpu_check``      ``make gpu-check``: the instructor's check of a GPU image
 - ``day``            the sessions of the day: the one source of the day table
 """

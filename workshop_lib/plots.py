@@ -143,3 +143,62 @@ def plot_step_timeline(summary, steps=3, ax=None):
                        Patch(color=colours["exposed"], label="all-reduce, exposed")],
               fontsize="small", loc="upper right", ncols=3)
     return ax
+
+
+def draw_ddp_step(buckets, world_size, model_name, ax=None):
+    """What DDP does in one step, per rank (``ddp_step.buckets`` gives ``buckets``): the
+    broadcast at the wrap (once), forward, backward in the order of its buckets, one
+    all-reduce per bucket started when that bucket's gradients are ready, then the same
+    optimizer step on every rank. Lengths are schematic (backward drawn twice forward,
+    each bucket's share by its gradients' size); notebook 05's trace measures real ones."""
+    rows = min(world_size, 4)  # more ranks look the same: draw four
+    ax = _axes(ax, figsize=(11, 1.0 + 0.9 * rows))
+    total = sum(b.numel for b in buckets)
+    forward, backward, step, comm_per_unit = 1.0, 2.0, 0.35, 1.2
+    t0 = 0.9  # after the broadcast
+    ready = []  # when each bucket's last gradient is ready
+    t = t0 + forward
+    for b in buckets:
+        t += backward * b.numel / total
+        ready.append(t)
+    comm = []
+    free = 0.0  # all-reduces run one after another, in bucket order
+    for b, r in zip(buckets, ready, strict=True):
+        start = max(r, free)
+        comm.append((start, comm_per_unit * b.numel / total))
+        free = start + comm[-1][1]
+    step_start = max(ready[-1], free)
+    for row in range(rows):
+        y = rows - 1 - row
+        rank = row if row < rows - 1 or world_size <= rows else world_size - 1
+        ax.broken_barh([(0, 0.8)], (y + 0.1, 0.35), color="tab:purple")
+        ax.broken_barh([(t0, forward)], (y + 0.1, 0.35), color="tab:green")
+        edges = [t0 + forward, *ready]
+        ax.broken_barh([(s, e - s) for s, e in zip(edges, edges[1:], strict=False)],
+                       (y + 0.1, 0.35), color="tab:blue", edgecolor="white", linewidth=1)
+        ax.broken_barh(comm, (y - 0.35, 0.35), color="tab:orange", edgecolor="white",
+                       linewidth=1)
+        ax.broken_barh([(step_start, step)], (y + 0.1, 0.35), color="tab:gray")
+        ax.text(-0.1, y + 0.05, f"rank {rank}", ha="right", va="center")
+    top = rows - 0.45
+    ax.text(0.4, top, "broadcast\nat the wrap", ha="center", va="bottom", fontsize="small")
+    ax.text(t0 + forward / 2, top, "forward", ha="center", va="bottom", fontsize="small")
+    ax.text(t0 + forward + backward / 2, top, "backward", ha="center", va="bottom",
+            fontsize="small")
+    for i, (start, width) in enumerate(comm):
+        ax.text(start + width / 2, -0.55, f"all-reduce\nbucket {i + 1}", ha="center",
+                va="top", fontsize="x-small")
+    ax.text(step_start + step / 2, top, "same\nstep", ha="center", va="bottom",
+            fontsize="small")
+    ax.set_xlim(-1.0, step_start + step + 0.3)
+    ax.set_ylim(-1.2, rows + 0.3)
+    ax.set_yticks([])
+    ax.set_xticks([])
+    overlap = "overlap the rest of backward" if len(buckets) > 1 else \
+        "can start only when backward ends (one bucket: nothing to overlap)"
+    ax.set_title(f"one DDP step of {model_name} on {world_size} ranks: {len(buckets)} "
+                 f"gradient bucket{'s' if len(buckets) > 1 else ''}; the all-reduces "
+                 f"{overlap}", fontsize="medium")
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    return ax

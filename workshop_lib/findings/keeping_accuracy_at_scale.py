@@ -183,3 +183,30 @@ def batchnorm(equivalence):
         found.append(skipped("sync_batchnorm", "SyncBatchNorm needs CUDA tensors; on GPUs this "
                                                "cell shows it matching one process."))
     return found
+
+
+def _noise_words(est, small, large):
+    if est["b_noise"] is None:
+        return (f"not resolved: the signal |G|^2 is below what {est['batches']} batches of "
+                f"{est['big']} resolve, so the noise scale is past the batches measured "
+                f"(every batch up to {large} noise-dominated)")
+    return f"B_noise ~ {est['b_noise']:.0f}: " + ", ".join(
+        f"batch {b} below it (noise-dominated)" if b < est["b_noise"] else
+        f"batch {b} {b / est['b_noise']:.1f}x above it (signal-dominated)" for b in (small, large))
+
+
+def noise_scale(estimates, small, large):
+    """``noise_scale.at_start_and_trained``'s estimates against the notebook's small and
+    large batch: where each sits against B_noise at the start and after training. Judges
+    nothing: a batch above B_noise buys little per step, one below it ~k times the progress
+    for k times the batch (the linear rule's regime)."""
+    start, trained = estimates["start"], estimates["trained"]
+    grew = (start["b_noise"] is not None and
+            (trained["b_noise"] is None or trained["b_noise"] > start["b_noise"]))
+    return Findings([Finding(
+        "noise_scale", f"Gradient noise scale at initialization: "
+                       f"{_noise_words(start, small, large)}; after the small batch's "
+                       f"training: {_noise_words(trained, small, large)}. "
+                       + ("It grew as the loss fell: the large batch loses most per step "
+                          "early, which is where warmup holds its rate back."
+                          if grew else "It did not grow here as the loss fell."))])
