@@ -509,6 +509,10 @@ def test_the_challenge_refuses_each_run_the_notebook_made_before_it_naming_it(sw
     ("--lr-scaling sqrt --target-accuracy 0.9 --patience 2", "large_sqrt"),  # cut short
     ("--momentum=0.9", "large_same_lr"),                               # the defaults
     ("", "large_same_lr"),
+    ("--lr-scaling sqrt --warmup-from zero", "large_sqrt"),       # no warmup to start from
+    ("--lr-scaling sqrt --grad-checkpointing", "large_sqrt"),     # recomputes, same steps
+    ("--lr-scaling sqrt --channels-last", "large_sqrt"),          # another memory layout
+    ("--lr-scaling sqrt --warmup-epochs 0.1", "large_sqrt"),      # rounds to 0 warmup steps
 ])
 def test_the_challenge_refuses_an_earlier_run_however_it_is_spelled(flags, copied):
     verdict = challenge.check({"fine": "--lr-scaling sqrt --warmup-epochs 2", "copy": flags})
@@ -519,7 +523,8 @@ def test_the_challenge_refuses_an_earlier_run_however_it_is_spelled(flags, copie
 @pytest.mark.parametrize("flags", [
     challenge.REFERENCE["sqrt_warmup"], "--lr-scaling linear --warmup-epochs 5",
     "--lr-scaling linear --momentum 0.8", "--lr-scaling sqrt --schedule constant",
-    "--lr-scaling linear --optimizer lars --warmup-epochs 3", "--lr-scaling none --weight-decay 0"])
+    "--lr-scaling linear --optimizer lars --warmup-epochs 3", "--lr-scaling none --weight-decay 0",
+    "--lr-scaling linear --warmup-epochs 3 --warmup-from zero"])
 def test_the_challenge_lets_a_genuinely_different_run_through(flags):
     assert challenge.refusal({"mine": flags}, CHALLENGE_COMMON) is None
 

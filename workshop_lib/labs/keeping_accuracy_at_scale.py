@@ -15,19 +15,23 @@ rule (with or without its warmup), does not meet it at this rate.
 
 The budget is the check's: a run whose flags set one of the options the check sets for
 every run (epochs, batch size, base rate, seed, dataset, ...) is refused before anything
-trains, since the training script takes the last of a repeated flag. So is a run the
-notebook made before the challenge (``NOTEBOOK_SWEEPS``, its sweep cells' variants, at the
-check's batch and rate): compared as the training script reads the flags, with its
-defaults filled in, so that order, abbreviations, ``--flag=value`` or a restated default
-make no new run.
+trains, since the training script takes the last of a repeated flag. So is a run that
+trains what a run the notebook made before the challenge trained (``NOTEBOOK_SWEEPS``, its
+sweep cells' variants, at the check's batch and rate). Runs are compared by what they
+train, computed as the training script computes it (``what_it_trains``): the learning rate
+of every optimizer step, the global batch, the optimizer and every other option that
+changes the arithmetic. So order, abbreviations, ``--flag=value``, a restated default, a
+warmup start without warmup epochs, or an option that changes only how a step is computed
+(``--grad-checkpointing``, ``--channels-last``) make no new run.
 """
 import argparse
+import math
 import re
 import shlex
 import tempfile
 from pathlib import Path
 
-from workshop_lib import cli, profile, runlog, sweep
+from workshop_lib import cli, data, profile, runlog, scaling, sweep
 from workshop_lib.findings.keeping_accuracy_at_scale import (
     COLLAPSE_PP,
     TARGET_FRACTION,
@@ -134,10 +138,50 @@ def as_flags(options, budget):
     return shlex.join(flags)
 
 
-def copied_run(flags, budget):
-    """The names of the notebook's earlier runs ``flags`` (a list) repeats, or None."""
-    options = effective_options(flags, budget)
-    return next((names for seen, names in notebook_runs(budget) if seen == options), None)
+# What sets a run's learning rate at each step: compared as the rates themselves.
+SCHEDULE = {"lr", "lr_scaling", "lr_ref_batch", "warmup_epochs", "warmup_from", "schedule"}
+# Options that change how a step is computed, not what it computes: activations recomputed
+# in backward, another memory layout, the data read another way, a fault injected.
+HOW_NOT_WHAT = {"grad_checkpointing", "channels_last", "data_format", "data_dir",
+                "inject_fault"}
+DEFAULT_BATCH_SCALE = 16
+
+
+def what_it_trains(flags, common, large):
+    """What a run of ``flags`` (a list) trains at the global batch ``large`` with the
+    check's ``common`` flags, computed as the training script computes it: the learning
+    rate of every optimizer step, the global batch, and every option that changes the
+    arithmetic (optimizer, momentum, weight decay, precision, ...)."""
+    args = _training_parser().parse_args([*common, *flags, "--batch-size", str(large)])
+    train_size = data.DATASETS[args.dataset].train_size
+    global_batch = args.batch_size * args.accumulate
+    steps_per_epoch = math.ceil(math.ceil(train_size / args.batch_size) / args.accumulate)
+    lr = scaling.scaled_lr(args.lr, args.lr_scaling, global_batch, args.lr_ref_batch)
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    start = scaling.warmup_start(args.warmup_from, args.lr, lr)
+    total = args.epochs * steps_per_epoch
+    rates = tuple(round(lr * scaling.lr_factor(step, warmup_steps, total, args.schedule,
+                                               start), 12) for step in range(total))
+    rest = {name: value for name, value in vars(args).items()
+            if name not in SCHEDULE | HOW_NOT_WHAT | NOT_THE_RUN | {"out", "resume"}}
+    return {**rest, "global_batch": global_batch, "lr_per_step": rates}
+
+
+def challenge_batch(common):
+    """The challenge's large global batch for ``common`` (its reference batch x 16)."""
+    return _training_parser().parse_args(common).lr_ref_batch * DEFAULT_BATCH_SCALE
+
+
+def copied_run(flags, common, large=None):
+    """The names of the notebook's earlier runs that train what ``flags`` (a list) trains,
+    at the check's batch ``large`` and rate, or None."""
+    large = large or challenge_batch(common)
+    trains = what_it_trains(flags, common, large)
+    copied = [f"{SECTIONS[folder]}'s {variant}"
+              for folder, variants in NOTEBOOK_SWEEPS.items()
+              for variant, cell in variants.items()
+              if what_it_trains(_cell_flags(cell), common, large) == trains]
+    return copied or None
 
 
 def budget_options(common):
@@ -146,8 +190,9 @@ def budget_options(common):
     return _options_set_by(common) | {"batch_size", "out", "resume"}
 
 
-def refusal(my_runs, common):
-    """The one-line reason to refuse ``my_runs`` before training, or None."""
+def refusal(my_runs, common, large=None):
+    """The one-line reason to refuse ``my_runs`` before training (at the global batch
+    ``large``, the challenge's by default), or None."""
     budget = budget_options(common)
     for name, flags in my_runs.items():
         if not isinstance(flags, str):
@@ -164,13 +209,14 @@ def refusal(my_runs, common):
             return (f"run {name!r} sets {given}: the budget is the challenge's, the same for "
                     f"every run ({', '.join(sorted(budget))}); choose the rule, warmup, "
                     f"optimizer, schedule or momentum instead")
-        copied = copied_run(shlex.split(flags), budget)
+        copied = copied_run(shlex.split(flags), common, large)
         if copied:
             options = as_flags(effective_options(shlex.split(flags), budget), budget)
             return (f"run {name!r} repeats a run the notebook made before the challenge "
-                    f"({', '.join(copied)}: {options or 'the defaults'}, at this batch "
-                    f"and rate): copying a cell above is no answer; change its rule, warmup, "
-                    f"optimizer, schedule or momentum")
+                    f"({', '.join(copied)}: {options or 'the defaults'} trains with the "
+                    f"same learning rate at every step, batch, optimizer and momentum, at "
+                    f"this batch and rate): copying a cell above is no answer; change its "
+                    f"rule, warmup, optimizer, schedule or momentum")
     return None
 
 
@@ -210,7 +256,7 @@ def check(my_runs, profile_used=None, batch_scale=16, runs_dir=None, baselines=N
                               "{'linear': '--lr-scaling linear'}")
     p = profile_used or profile.get_profile("cpu", "digits")
     small, large, common = settings(p, batch_scale, epochs, hot_factor)
-    refused = refusal(my_runs, common)
+    refused = refusal(my_runs, common, large)
     if refused:
         return Verdict(False, refused)
     out = Path(runs_dir or tempfile.mkdtemp(prefix="lab-challenge-"))
@@ -294,10 +340,15 @@ def earlier_runs(**_):
 
 
 def budget_overrides(**_):
-    """Answers that set the budget: refused before anything trains."""
+    """Answers that set the budget, or train an earlier run with flags that change nothing
+    of it: refused before anything trains."""
+    sqrt = "section 2's large_sqrt"
     return [({"longer": "--lr-scaling linear --epochs 200"}, "sets --epochs"),
             ({"hotter": "--lr=0.4"}, "sets --lr"),
-            ({"bigger": "--batch 1024"}, "sets --batch-size")]
+            ({"bigger": "--batch 1024"}, "sets --batch-size"),
+            ({"zero": "--lr-scaling sqrt --warmup-from zero"}, sqrt),  # no warmup to start
+            ({"recompute": "--lr-scaling sqrt --grad-checkpointing"}, sqrt),
+            ({"layout": "--lr-scaling sqrt --channels-last --warmup-epochs 0.1"}, sqrt)]
 
 register(Exercise("challenge", "03_keeping_accuracy_at_scale", "keep the accuracy at k x the batch",
                   writes="my_runs: the flags of your runs at k x the batch, within the budget",
