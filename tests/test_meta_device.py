@@ -24,13 +24,18 @@ Three stand-ins make that possible without processes or a GPU:
 
 Work that reads values (``.item()``, ``.tolist()``, saving files) cannot run on meta and is
 left out; each script's device code ends in tensors that the driver checks are on the
-device. To guard a new script, add one line to ``CASES``.
+device. To guard a new script, add one line to ``CASES``. The library's other device
+paths (``LIBRARY_PATHS``: ``train_ddp.fit``, the from-scratch wrappers, ``dataparallel``,
+``memory``, the all-reduce sweep, record shards and uneven inputs) run on meta up to their
+first read of a value (``until_a_value_is_read``), their collectives checked as above.
 """
 import ast
 import contextlib
 import importlib.util
 import inspect
+import itertools
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -43,7 +48,20 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from conftest import REPO
-from workshop_lib import data, equivalence, input_pipeline, models, train, train_ddp
+from workshop_lib import (
+    allreduce_model,
+    data,
+    dataparallel,
+    equivalence,
+    input_pipeline,
+    memory,
+    models,
+    naive_ddp,
+    shards,
+    train,
+    train_ddp,
+    uneven_inputs,
+)
 from workshop_lib.precision import PLAIN
 from workshop_lib.trace import capture
 
@@ -118,6 +136,13 @@ class PassThroughDDP(torch.nn.Module):
         pass
 
 
+class Done:
+    """The ``Work`` of an ``async_op`` collective that has nothing to wait for."""
+
+    def wait(self, timeout=None):
+        return True
+
+
 class Collectives:
     """``torch.distributed`` as a script of rank ``RANK`` calls it: every collective checks
     that its tensor is on the run's device, and changes nothing (one process, no peers)."""
@@ -133,16 +158,24 @@ class Collectives:
     def get_world_size(self, group=None):
         return WORLD_SIZE
 
-    def _collective(self, name, tensor):
-        assert tensor.device == self.device, \
-            f"dist.{name} of a tensor on {tensor.device}, not on {self.device}"
+    def get_backend(self, group=None):
+        return "nccl"
+
+    def _collective(self, name, *tensors, async_op=False):
+        for tensor in tensors:
+            assert tensor.device == self.device, \
+                f"dist.{name} of a tensor on {tensor.device}, not on {self.device}"
         self.calls.append(name)
+        return Done() if async_op else None
 
     def all_reduce(self, tensor, op=None, group=None, async_op=False):
-        self._collective("all_reduce", tensor)
+        return self._collective("all_reduce", tensor, async_op=async_op)
 
     def broadcast(self, tensor, src=0, group=None, async_op=False):
-        self._collective("broadcast", tensor)
+        return self._collective("broadcast", tensor, async_op=async_op)
+
+    def all_gather(self, tensors, tensor, group=None, async_op=False):
+        return self._collective("all_gather", tensor, *tensors, async_op=async_op)
 
     def barrier(self, group=None):
         self.calls.append("barrier")
@@ -332,6 +365,170 @@ CASES = {
 def test_device_code_makes_its_tensors_on_the_device(name, monkeypatch, tmp_path):
     with SameDevice(META):
         CASES[name](META, monkeypatch, tmp_path)
+
+
+# -- The library's device paths beyond the training scripts ------------------------------
+
+# Meta has shapes and no values: reading one (.item(), .tolist(), a comparison in an
+# ``if``) stops the run there, with one of these errors.
+VALUE_READ = "Cannot copy out of meta tensor|cannot be called on meta tensors"
+
+
+@contextlib.contextmanager
+def until_a_value_is_read():
+    """Run device code on meta up to its first read of a value; the driver then checks
+    what ran before it (the collectives called). A device error is not a value read: it
+    goes through."""
+    try:
+        yield
+    except (NotImplementedError, RuntimeError) as error:
+        if not re.search(VALUE_READ, str(error)):
+            raise
+    else:
+        pytest.fail("the device code read no value: drive it without until_a_value_is_read")
+
+
+def digits_batch(device, batch_size=32):
+    train_set, _, info = data.load("digits")
+    loader = data.TensorLoader(train_set, batch_size, DistributedSampler(
+        train_set, WORLD_SIZE, RANK, seed=0), device)
+    return info, next(iter(loader))
+
+
+def cnn(info, device):
+    torch.manual_seed(0)
+    return models.build("cnn", info).to(device)
+
+
+def fit_epoch_tail(device, monkeypatch, tmp_path):
+    """``train_ddp.fit`` end to end: set-up, an epoch, and its tail (the buffers'
+    broadcast, the evaluation, the sums' all-reduces) up to the epoch record, which reads
+    the sums."""
+    collectives = Collectives(device)
+    monkeypatch.setattr(train_ddp, "DDP", PassThroughDDP)
+    monkeypatch.setattr(train_ddp, "dist", collectives)
+    args = train_ddp.parse_args(["--device", "cpu", "--dataset", "digits", "--epochs", "1",
+                                 "--no-progress", "--out", str(tmp_path)])
+    with until_a_value_is_read():
+        train_ddp.fit(args, device, RANK, WORLD_SIZE)
+    assert "broadcast" in collectives.calls
+    assert collectives.calls[-2:] == ["all_reduce", "all_reduce"], collectives.calls
+
+
+def from_scratch_wrappers(device, monkeypatch, tmp_path):
+    """Notebook 02's and inside_ddp's wrappers (naive, overlapped, bucketed) with the
+    sharded optimizer, a timed window of steps, and the optimizer state's gathering."""
+    from workshop_lib.inside_ddp import buckets, overlap, timing, zero1
+
+    collectives = Collectives(device)
+    for module in (naive_ddp, overlap, buckets, zero1, timing):
+        monkeypatch.setattr(module, "dist", collectives)
+    info, (x, y) = digits_batch(device)
+    for wrapper in (naive_ddp.NaiveDataParallel, overlap.OverlappedDataParallel,
+                    buckets.BucketedDataParallel):
+        model = wrapper(cnn(info, device))
+        optimizer = zero1.ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.05,
+                                           momentum=0.9)
+        timing.train_step(model, optimizer, x, y)
+        assert_on(device, *model.parameters(), *(p.grad for p in model.parameters()))
+        with until_a_value_is_read():
+            timing.timed_window(model, optimizer, itertools.repeat((x, y)), 2, device)
+    with until_a_value_is_read():
+        zero1.state_bytes_per_rank(optimizer, device)
+    assert collectives.calls[-1] == "all_gather"
+
+
+def data_parallel_steps(device, monkeypatch, tmp_path):
+    """``dataparallel``: its batch and its timed steps (nn.DataParallel passes through
+    where no GPU is visible)."""
+    _, _, info = data.load("digits")
+    x, y = dataparallel.batches(info, 16, device)
+    assert_on(device, x, y)
+    model = torch.nn.DataParallel(cnn(info, device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    assert dataparallel.timed_steps(model, optimizer, x, y, [device]) >= 0
+
+
+def memory_of_a_step(device, monkeypatch, tmp_path):
+    """``memory``: the bytes saved for backward, and a step of the largest-batch search
+    (the CUDA allocator's counters stand in as zeros)."""
+    info, (x, y) = digits_batch(device)
+    model = cnn(info, device)
+    assert memory.saved_bytes_per_step(model, x, y, PLAIN) >= 0
+    for counter in ("memory_allocated", "max_memory_allocated", "synchronize",
+                    "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, counter, lambda *args, **kwargs: 0)
+    assert memory.step_mib(model, info, device, PLAIN, 16) == 0
+
+
+def allreduce_sweep(device, monkeypatch, tmp_path):
+    """``allreduce_model.sweep``: its buffers and the slowest rank's seconds."""
+    collectives = Collectives(device)
+    monkeypatch.setattr(allreduce_model, "dist", collectives)
+    with until_a_value_is_read():
+        allreduce_model.sweep(device, sizes=(1024,), reps=2, warmup=1)
+    assert collectives.calls == ["all_reduce"] * (1 + 2 * 2 + 1)
+
+
+def shard_epochs(device, monkeypatch, tmp_path):
+    """``shards.ShardLoader`` and ``uneven_inputs``: an epoch of DDP on record shards, in
+    equal steps and uneven ones."""
+    train_set, val_set, info = data.load("digits")
+    folder = tmp_path / "shards"
+    shards.write_index(folder, info, list(train_set)[:300], list(val_set)[:100], num_shards=5)
+    _, _, shard_info = data.load(data_dir=folder, data_format="shards")
+    train_split, _ = shards.open_splits(folder)
+    schedule = shards.ShardSchedule(train_split, RANK, WORLD_SIZE, seed=0)
+    batches = list(shards.ShardLoader(schedule, 32, device))
+    assert batches
+    assert_on(device, *(t for batch in batches for t in batch))
+    collectives = Collectives(device)
+    monkeypatch.setattr(uneven_inputs, "dist", collectives)
+    monkeypatch.setattr(train_ddp, "DDP", PassThroughDDP)
+    for mode in ("equal", "uneven"):
+        assert uneven_inputs.uneven_epoch(folder, mode, 32, device, shard_info) > 0
+    assert collectives.calls == ["barrier", "barrier"]
+
+
+LIBRARY_PATHS = {
+    "train_ddp.fit: an epoch and its tail": fit_epoch_tail,
+    "naive_ddp and inside_ddp: the from-scratch wrappers, ZeRO-1, a timed window":
+        from_scratch_wrappers,
+    "dataparallel: its batch and timed steps": data_parallel_steps,
+    "memory: saved bytes and a search step": memory_of_a_step,
+    "allreduce_model.sweep": allreduce_sweep,
+    "shards.ShardLoader and uneven_inputs": shard_epochs,
+}
+
+
+@pytest.mark.parametrize("name", LIBRARY_PATHS)
+def test_the_librarys_device_paths_make_their_tensors_on_the_device(name, monkeypatch,
+                                                                    tmp_path):
+    with SameDevice(META):
+        LIBRARY_PATHS[name](META, monkeypatch, tmp_path)
+
+
+def sync_into_a_cpu_total(self):
+    """A from-scratch wrapper's sync that sums the gradients into a 0-dim CPU total."""
+    total = torch.zeros(())
+    for param in self.module.parameters():
+        total += param.grad.sum()
+
+
+def test_a_cpu_tensor_planted_in_a_library_path_fails_its_driver(monkeypatch, tmp_path):
+    monkeypatch.setattr(naive_ddp.NaiveDataParallel, "sync_gradients", sync_into_a_cpu_total)
+    with pytest.raises(RuntimeError, match="writes into a CPU tensor"), SameDevice(META):
+        from_scratch_wrappers(META, monkeypatch, tmp_path)
+    monkeypatch.setattr(train_ddp, "evaluate", lambda model, loader: torch.zeros(3))
+    with pytest.raises(AssertionError, match="dist.all_reduce of a tensor on cpu"), \
+            SameDevice(META):
+        fit_epoch_tail(META, monkeypatch, tmp_path)
+
+
+def test_a_device_error_is_not_taken_for_a_value_read():
+    with pytest.raises(RuntimeError, match="beside tensors on meta"), \
+            until_a_value_is_read(), SameDevice(META):
+        (torch.zeros(2, device=META) + torch.ones(2)).tolist()
 
 
 # -- The guard itself: it fails where a GPU would ----------------------------------------
