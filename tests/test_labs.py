@@ -632,3 +632,15 @@ def test_a_fixed_job_must_report_its_saved_models_accuracy_and_have_learned(job,
         writes.update(checkpoint=checkpoint, val_acc=val_acc)
         verdict = EXERCISES[job].check(fix)
         assert not verdict.ok and reason in verdict.reason, (checkpoint, verdict.reason)
+
+
+@pytest.mark.slow
+def test_from_scratch_refuses_a_class_that_hands_the_model_to_torchs_ddp(tmp_path):
+    """It trains exactly as DDP does (the old check passed it at 0.0): the job sees the
+    learner's class build a DistributedDataParallel and call no collective itself."""
+    from workshop_lib.labs import from_one_gpu_to_many as nb02
+
+    verdict = labs.get("from_scratch").check(nb02.write(nb02.WRAPS_DDP,
+                                                        tmp_path / "my_naive_ddp.py"))
+    assert not verdict.ok and "builds a DistributedDataParallel" in verdict.reason, verdict
+    assert verdict.details["collectives"]["sync"] == {}, "DDP's reducer is not the class's"

@@ -26,7 +26,11 @@ buffers when it wraps a model, and replace every gradient by its mean over the r
 ``sync_gradients``. The check launches ``workshop_lib.naive_ddp`` with the learner's file
 on two gloo processes: each rank starts from a *different* random initialisation, trains
 20 steps with the learner's wrapper and with PyTorch's DistributedDataParallel on the
-same batches, and the two must agree within float32 rounding.
+same batches, and the two must agree within float32 rounding. The job
+(``labs/_from_scratch_job.py``) also counts the ``torch.distributed`` collectives the
+learner's class calls while it wraps and while it syncs, and sees whether it builds a
+DistributedDataParallel: a class that hands the model to torch's DDP matches DDP exactly,
+and is refused.
 """
 import contextlib
 import importlib.util
@@ -213,13 +217,29 @@ def check_from_scratch(path):
     if not path.is_file():
         return Verdict(False, f"{path} does not exist: run the %%writefile cell first")
     out = Path(tempfile.mkdtemp(prefix="lab-from-scratch-")) / "result.json"
-    result = launch.run(["-m", "workshop_lib.naive_ddp", "--wrapper", str(path.resolve()),
-                         "--steps", str(FROM_SCRATCH_STEPS), "--out", str(out)],
+    result = launch.run(["-m", "workshop_lib.labs._from_scratch_job", "--wrapper",
+                         str(path.resolve()), "--steps", str(FROM_SCRATCH_STEPS),
+                         "--out", str(out)],
                         nproc=2, timeout=120, quiet=True, stream=io.StringIO(),
                         env={"CUDA_VISIBLE_DEVICES": ""})
     if not result.ok:
         return Verdict(False, f"the check's job failed: {result.error or result.summary()}")
-    difference = runlog.load_json(out)["max_abs_difference"]
+    said = runlog.load_json(out)
+    # The wrapper's own code must do the communication: one that hands the model to
+    # torch's DDP trains exactly as DDP does, and has written nothing.
+    if any(said["ddp_built"].values()):
+        return Verdict(False, "your NaiveDataParallel builds a DistributedDataParallel: the "
+                              "exercise is to write its communication yourself, with "
+                              "dist.broadcast when wrapping and dist.all_reduce in "
+                              "sync_gradients", said)
+    for phase, where, what in (("wrap", "when it wraps the model (__init__)",
+                                "rank 0's parameters and buffers (dist.broadcast)"),
+                               ("sync", "in sync_gradients",
+                                "every gradient's sum over the ranks (dist.all_reduce)")):
+        if not said["collectives"][phase]:
+            return Verdict(False, f"your NaiveDataParallel calls no torch.distributed "
+                                  f"collective {where}: it must send {what} itself", said)
+    difference = said["max_abs_difference"]
     if difference > FROM_SCRATCH_TOLERANCE:
         return Verdict(False, f"after {FROM_SCRATCH_STEPS} steps your wrapper's model differs "
                               f"from DDP's by {difference:.2e} (more than float32 rounding, "
@@ -250,9 +270,32 @@ def from_scratch_solution(path=None):
     return write(Path(naive_ddp.__file__).read_text(), path)
 
 
+# A class that hands the model to torch's own DDP: it trains exactly as DDP does (a
+# difference of 0.0) and writes none of the communication. The check must refuse it.
+WRAPS_DDP = '''"""Data parallelism from two collectives (notebook 02): your version."""
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+class NaiveDataParallel(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.ddp = DistributedDataParallel(module)
+
+    def forward(self, *args, **kwargs):
+        return self.ddp(*args, **kwargs)
+
+    def sync_gradients(self):
+        pass
+'''
+
+
 register(Exercise("from_scratch", "02_from_one_gpu_to_many",
                   "write DDP's communication from two collectives",
                   writes="my_naive_ddp.py: NaiveDataParallel's broadcast and gradient mean",
                   check=check_from_scratch, stub=from_scratch_stub,
                   solution=from_scratch_solution,
-                  stub_reason="NotImplementedError"))
+                  stub_reason="NotImplementedError",
+                  refused=lambda path=None: [(write(WRAPS_DDP, path),
+                                              "builds a DistributedDataParallel")]))
