@@ -17,7 +17,7 @@ PACKAGE = REPO / "workshop_lib"
 # What a training run is made of. Everything else in the package stands above these.
 GROUND = {"errors", "files", "gloo_exit", "hardware", "distributed", "models", "optim",
           "scaling", "precision", "memory", "metrics", "checkpoint", "faults", "runlog",
-          "data", "shards", "cli",
+          "data", "shards", "cli", "ddp_compat",
           # the measuring tools, in their own low room: every timer and cost model uses them
           "stopwatch", "allreduce_model"}
 TRAINING = {"train", "train_ddp"}
