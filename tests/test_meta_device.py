@@ -490,7 +490,27 @@ def shard_epochs(device, monkeypatch, tmp_path):
     assert collectives.calls == ["barrier", "barrier"]
 
 
+def inside_ddp_measurements(device, monkeypatch, tmp_path):
+    """Notebook 07's measurements: the ranks' batches, the communication hooks' training
+    runs (up to the first accuracy read), the FSDP memory gathered over the ranks."""
+    from workshop_lib.inside_ddp import comm_hooks, fsdp, replay
+
+    train_set, _, _ = data.load("digits")
+    batches = replay.rank_batches(train_set, RANK, WORLD_SIZE, 32, 3, device)
+    assert_on(device, *(t for batch in batches for t in batch))
+    monkeypatch.setattr(train_ddp, "DDP", PassThroughDDP)
+    with until_a_value_is_read():
+        comm_hooks.compare(RANK, WORLD_SIZE, device, steps=2)
+    collectives = Collectives(device)
+    monkeypatch.setattr(fsdp, "dist", collectives)
+    with until_a_value_is_read():
+        fsdp.per_rank({"parameters": 10, "gradients": 10}, device)
+    assert collectives.calls == ["all_gather"]
+
+
 LIBRARY_PATHS = {
+    "inside_ddp: the ranks' batches, communication hooks, FSDP memory":
+        inside_ddp_measurements,
     "train_ddp.fit: an epoch and its tail": fit_epoch_tail,
     "naive_ddp and inside_ddp: the from-scratch wrappers, ZeRO-1, a timed window":
         from_scratch_wrappers,
