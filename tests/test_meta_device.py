@@ -508,7 +508,37 @@ def inside_ddp_measurements(device, monkeypatch, tmp_path):
     assert collectives.calls == ["all_gather"]
 
 
+def bench_windows(device, monkeypatch, tmp_path):
+    """The bench's quick plan for two processes: every window's run built and timed (a
+    window of several ranks up to the slowest rank's seconds, which it reads), and its
+    all-reduce sweep up to the first time read."""
+    import workshop_lib.bench.__main__ as command
+    from workshop_lib.bench import measure, plan
+
+    collectives = Collectives(device)
+    monkeypatch.setattr(measure, "dist", collectives)
+    monkeypatch.setattr(measure, "DDP", PassThroughDDP)
+    monkeypatch.setattr(train_ddp, "DDP", PassThroughDDP)
+    bench_plan = plan.make_plan(command.parse_args(["--quick", "--nproc", "2"]),
+                                torch.device("cpu"))
+    train_set, _, info = data.load("digits")
+    world = measure.World(RANK, bench_plan, device, train_set, info)
+    windows = [w for w in plan.scaling_windows(bench_plan) if measure.runnable(world, w)]
+    assert any(w.world_size > 1 for w in windows)
+    for window in windows:
+        run = measure.build_run(world, window)
+        run.steps = 2
+        if window.world_size == 1:
+            measure.timed_window(world, run, window)
+        else:
+            with until_a_value_is_read():
+                measure.timed_window(world, run, window)
+    with until_a_value_is_read():
+        measure.allreduce_sweep(world)
+
+
 LIBRARY_PATHS = {
+    "bench: every window of the quick plan, the all-reduce sweep": bench_windows,
     "inside_ddp: the ranks' batches, communication hooks, FSDP memory":
         inside_ddp_measurements,
     "train_ddp.fit: an epoch and its tail": fit_epoch_tail,
