@@ -25,9 +25,10 @@ Three stand-ins make that possible without processes or a GPU:
 Work that reads values (``.item()``, ``.tolist()``, saving files) cannot run on meta and is
 left out; each script's device code ends in tensors that the driver checks are on the
 device. To guard a new script, add one line to ``CASES``. The library's other device
-paths (``LIBRARY_PATHS``: ``train_ddp.fit``, the from-scratch wrappers, ``dataparallel``,
-``memory``, the all-reduce sweep, record shards and uneven inputs) run on meta up to their
-first read of a value (``until_a_value_is_read``), their collectives checked as above.
+paths (``LIBRARY_PATHS``: ``train_ddp.fit``, the from-scratch wrappers, inside_ddp's
+measurements, ``dataparallel``, ``memory``, the all-reduce sweep, the bench, record shards
+and uneven inputs) run on meta up to their first read of a value
+(``until_a_value_is_read``), their collectives checked as above.
 """
 import ast
 import contextlib
