@@ -20,11 +20,18 @@ OverwriteCells:
 - ``KeepAssignmentFilesOnly`` deletes from the folder being graded every file that came with
   the submission rather than from source/ (the notebook itself aside): only the notebook
   counts, and the instructor's copies of the provided files are already there.
+- ``UseInstructorGradingFiles`` makes the files that grade (the checks, the recorder, the
+  sandbox, the data module) the instructor's, verified by hash, before each learner: their
+  bytes and SHA-256 are read from source/ when autograde grades its first learner; before
+  every learner source/'s copies are hashed again (a change means something wrote into the
+  instructor's folder since: grading stops, in one line), and each file of the folder
+  being graded is written afresh from those bytes and its hash checked.
 
 The script itself is not kernel code: ddp_checks launches it in every rank, next to the
 recorder, inside the bubblewrap sandbox of ddp_sandbox.py (README.md, "What grading
 guarantees").
 """
+import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -34,7 +41,7 @@ from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import NbGraderPreprocessor
 from nbgrader.utils import find_all_files
-from traitlets import Unicode
+from traitlets import List, Unicode
 
 WRITEFILE = re.compile(r"%%writefile\b")
 
@@ -155,4 +162,54 @@ class KeepAssignmentFilesOnly(NbGraderPreprocessor):
                 shutil.rmtree(path)
             else:
                 path.unlink()
+        return nb, resources
+
+
+class GradingFilesChanged(RuntimeError):
+    """The instructor's grading files in source/ changed while autograde ran."""
+
+
+# The bytes of each grading file of source/ as autograde first read them, by path: one
+# autograde process grades every learner, and each learner is graded with these.
+_INSTRUCTOR_COPIES = {}
+
+
+def _sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+class UseInstructorGradingFiles(NbGraderPreprocessor):
+    """Before each learner: the grading files of the folder being graded are the
+    instructor's copies, written afresh and verified by their SHA-256, and source/'s own
+    copies still hash as they did for the first learner."""
+
+    files = List(Unicode(), default_value=["ddp_checks.py", "ddp_recorder.py",
+                                           "ddp_sandbox.py", "digits_data.py"],
+                 help="the files of the assignment that grade a submission").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        student = resources["nbgrader"]["student"]
+        assignment = resources["nbgrader"]["assignment"]
+        coursedir = CourseDirectory(config=self.config)
+        source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment))
+        graded = Path(coursedir.format_path(coursedir.autograded_directory, student,
+                                            assignment))
+        for name in self.files:
+            original = (source / name).resolve()
+            if not original.is_file():
+                continue
+            now = original.read_bytes()
+            kept = _INSTRUCTOR_COPIES.setdefault(original, now)
+            if _sha256(now) != _sha256(kept):
+                raise GradingFilesChanged(
+                    f"{original} changed while autograde ran (sha256 {_sha256(now)[:12]}, "
+                    f"was {_sha256(kept)[:12]}): restore it (git checkout) and grade again.")
+            target = graded / name
+            if not target.is_file() or _sha256(target.read_bytes()) != _sha256(kept):
+                self.log.warning("%s of %s is not the instructor's: replaced.", name, student)
+            target.unlink(missing_ok=True)  # a link or a read-only file: replaced, not followed
+            target.write_bytes(kept)
+            if _sha256(target.read_bytes()) != _sha256(kept):
+                raise GradingFilesChanged(f"{target} does not hold the instructor's copy "
+                                          f"after writing it: check that folder's disk.")
         return nb, resources

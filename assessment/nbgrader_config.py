@@ -44,12 +44,14 @@ def _load_autograde_guard():
     return module
 
 
-# Grade the assignment's own cells and files only (autograde_guard.py says why): nbgrader's
-# sanitize step, with the two guards between its DeduplicateIds and OverwriteCells.
+# Grade the assignment's own cells and files only, with the instructor's grading files
+# (autograde_guard.py says why): nbgrader's sanitize step, with the three guards between its
+# DeduplicateIds and OverwriteCells.
 _guard = _load_autograde_guard()
 c.Autograde.sanitize_preprocessors = [
     ClearOutput, DeduplicateIds, OverwriteKernelspec,
     _guard.KeepAssignmentCellsOnly, _guard.KeepAssignmentFilesOnly,
+    _guard.UseInstructorGradingFiles,
     OverwriteCells, CheckCellMetadata,
 ]
 # The cell in which learners write their script: always graded as the file it writes.

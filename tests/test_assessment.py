@@ -150,6 +150,98 @@ ENGINE_VARIANTS = {
 """),
     ], set(), None),
 }
+
+# Averages the gradients (DDP) for the first AVERAGED steps only, then lets each rank step on
+# its own (no_sync) and averages the parameters at the end of every epoch, so that all
+# ranks end with the same parameters: the exploit of the replay that judged 3 steps.
+STOPS_AVERAGING = [
+    ("import argparse\n", "import argparse\nimport contextlib\n"),
+    ("""def train_one_epoch(model, loader, optimizer, device):
+    \"\"\"Returns [sum of losses, samples] over this epoch's batches, as a tensor.\"\"\"
+    model.train()
+""", """STEPS_TAKEN = [0]
+
+
+def train_one_epoch(model, loader, optimizer, device):
+    \"\"\"Returns [sum of losses, samples] over this epoch's batches, as a tensor.\"\"\"
+    model.train()
+    averaged = AVERAGED(len(loader))
+"""),
+    # no_sync() around the forward too: DDP decides at the forward whether to all-reduce.
+    ("""        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+""", """        optimizer.zero_grad()
+        with contextlib.nullcontext() if STEPS_TAKEN[0] < averaged else model.no_sync():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        optimizer.step()
+        STEPS_TAKEN[0] += 1
+"""),
+    ("""        train_sums = train_one_epoch(model, train_loader, optimizer, device)
+""", """        train_sums = train_one_epoch(model, train_loader, optimizer, device)
+        with torch.no_grad():  # the ranks' parameters made equal again
+            for p in model.parameters():
+                dist.all_reduce(p)
+                p /= world_size
+"""),
+]
+EPOCHS_GRADED = notebook_configs()["graded"]["epochs"]
+
+
+def stops_averaging(averaged):
+    """STOPS_AVERAGING with the number of averaged steps, an expression of the number of
+    steps per epoch (``steps``)."""
+    return [*STOPS_AVERAGING, ("\ndef parse_args(", f"\nAVERAGED = lambda steps: {averaged}"
+                                                    f"\n\n\ndef parse_args(")]
+
+
+# The course's own atomic save (workshop_lib.checkpoint.save_atomic: torch.save through a
+# file object of a temporary file renamed into place), and the table logged to stderr.
+SAVE_ATOMIC_AND_LOGGING = [
+    ("import argparse\n", "import argparse\nimport logging\n"),
+    ("from digits_data import load_data\n",
+     "from digits_data import load_data\nfrom workshop_lib import checkpoint\n"),
+    ("""        if rank == 0:
+            print(f"epoch {epoch:2d}/{args.epochs}  train_loss {record['train_loss']:.4f}  "
+                  f"val_loss {record['val_loss']:.4f}  val_acc {record['val_acc']:.4f}",
+                  flush=True)
+""", """        if rank == 0:
+            logging.warning("epoch %2d/%d  val_loss %.4f  val_acc %.4f", epoch, args.epochs,
+                            record["val_loss"], record["val_acc"])
+"""),
+    ("""            torch.save({"epoch": epoch, "model": model.module.state_dict(),
+                        "optimizer": optimizer.state_dict()}, args.out / "checkpoint.pt")
+""", """            checkpoint.save_atomic({"epoch": epoch, "model": model.module.state_dict()},
+                                   args.out / "checkpoint.pt")
+"""),
+]
+SAVE_ATOMIC_EVERY_RANK = [
+    ("from digits_data import load_data\n",
+     "from digits_data import load_data\nfrom workshop_lib import checkpoint\n"),
+    ("""            log.flush()
+            # The unwrapped model: the checkpoint loads into build_model() without DDP.
+            torch.save({"epoch": epoch, "model": model.module.state_dict(),
+                        "optimizer": optimizer.state_dict()}, args.out / "checkpoint.pt")
+""", """            log.flush()
+        args.out.mkdir(parents=True, exist_ok=True)
+        checkpoint.save_atomic({"epoch": epoch, "model": model.module.state_dict()},
+                               args.out / "checkpoint.pt")
+"""),
+]
+ENGINE_VARIANTS.update({
+    "averages_first_3_steps": (stops_averaging("3"), {"gradients_averaged_over_ranks"},
+                               "average the gradients over the ranks at every step"),
+    # Every step but the very last: one step of each rank's own, then the parameters
+    # averaged, equals the averaged step for SGD; each rank's momentum does not.
+    "averages_all_but_the_last_step": (
+        stops_averaging(f"{EPOCHS_GRADED} * steps - 1"), {"gradients_averaged_over_ranks"},
+        "optimizer state (its momentum) differs"),
+    "save_atomic_and_logging": (SAVE_ATOMIC_AND_LOGGING, set(), None),
+    "save_atomic_every_rank": (SAVE_ATOMIC_EVERY_RANK, {"rank0_only_logs_and_writes"},
+                               "rank 1 wrote out/checkpoint.pt"),
+})
 # Graded by the engine with Config(measure_speedup=True): also launched as a single process.
 SPEEDUP_VARIANT = "init_per_rank_then_broadcast"
 NEVER_FINISHES = [  # the epoch counter is never incremented

@@ -94,8 +94,12 @@ def good_run(tmp_path, world=WORLD, on_gpu=False, pass_s=0.5, config=CONFIG):
             "checkpoint": {"saved": True, "loads": True, "matches_final": True,
                            "problem": ""} if rank == 0 else {"saved": False},
         })
-    ranks[0]["replay"] = {"steps": 3, "shared": 0, "samples": [3 * BATCH] * world, "ranks": [
-        {"start": 0.0, "averaged": 3e-7, "summed": 0.49, "local": 0.56} for _ in range(world)]}
+    # Every step matched: the summed and local replays are made only for a segment that
+    # does not.
+    ranks[0]["replay"] = {"steps": 8, "shared": 0, "shared_steps": 8,
+                          "samples": [8 * BATCH] * world, "optimizer_end_gap": [0.0] * world,
+                          "ranks": [{"start": 0.0, "averaged": 3e-7, "summed": None,
+                                     "local": None} for _ in range(world)]}
     (out / "log.jsonl").write_text(json.dumps(
         {"epoch": 2, "val_loss": sum(losses) / N_VAL, "val_acc": sum(correct) / N_VAL}) + "\n")
     (out / "checkpoint.pt").write_bytes(b"saved")
@@ -211,10 +215,35 @@ def test_same_order_every_epoch_fails_reshuffling(run):
     ("local", "each rank stepped on its own gradients"),
 ])
 def test_gradients_not_averaged_are_named(run, mistake, reason):
+    run.ranks[0]["replay"]["segment"] = [1, 8]
     for result in run.ranks[0]["replay"]["ranks"]:
         result.update({"averaged": 0.6, "summed": 0.5, "local": 0.6, mistake: 1e-7})
     assert failing(run) == {"gradients_averaged_over_ranks"}
     assert reason in check("gradients_averaged_over_ranks", run)
+    assert check("gradients_averaged_over_ranks", run).startswith(
+        "FAIL: in optimizer steps 1-8 (of 8) ")
+
+
+def test_a_job_that_stops_averaging_late_fails_in_that_segment(run):
+    """Every step is replayed: a job that averages its gradients for most of the run and
+    then lets each rank step alone fails in the segment where it stopped."""
+    replay = run.ranks[0]["replay"]
+    replay.update(steps=1080, segment=[1073, 1080])
+    for result in replay["ranks"]:
+        result.update(averaged=0.4, summed=0.9, local=3e-7)
+    reason = check("gradients_averaged_over_ranks", run)
+    assert reason.startswith("FAIL: in optimizer steps 1073-1080 (of 1080) each rank's "
+                             "parameters equal a replay of its own batches alone")
+    assert "or averaging only some steps, is not the same" in reason
+
+
+def test_ranks_whose_optimizer_state_ends_apart_fail(run):
+    """Parameters averaged after one last step of each rank's own equal the averaged step
+    (SGD is linear in the gradient), but each rank's momentum is its own."""
+    run.ranks[0]["replay"]["optimizer_end_gap"] = [0.0, 0.03]
+    assert failing(run) == {"gradients_averaged_over_ranks"}
+    assert "rank 1's optimizer state (its momentum) differs from rank 0's" in check(
+        "gradients_averaged_over_ranks", run)
 
 
 def test_ranks_starting_apart_miss_a_broadcast(run):
@@ -224,9 +253,10 @@ def test_ranks_starting_apart_miss_a_broadcast(run):
 
 
 def test_another_replay_mismatch_says_by_how_much(run):
-    run.ranks[0]["replay"]["ranks"][1]["averaged"] = 0.25
+    run.ranks[0]["replay"]["segment"] = [1, 8]
+    run.ranks[0]["replay"]["ranks"][1].update(averaged=0.25, summed=0.3, local=0.3)
     assert "rank 1's parameters differ from a single-process replay of the same global " \
-           "batches by 0.25 of the update" in check("gradients_averaged_over_ranks", run)
+           "batches by 0.25 of a step's update" in check("gradients_averaged_over_ranks", run)
 
 
 def test_ranks_that_drift_apart_later_fail(run):
@@ -236,11 +266,11 @@ def test_ranks_that_drift_apart_later_fail(run):
 
 
 def test_a_replay_the_recorder_could_not_do_fails_with_its_reason(run):
-    run.ranks[0]["replay"] = {"problem": "rank 1 made 2 optimizer steps; the check "
-                                         "replays the first 3."}
+    run.ranks[0]["replay"] = {"problem": "rank 1 made 7 optimizer steps and rank 0 8: "
+                                         "every rank must take the same steps."}
     assert check("gradients_averaged_over_ranks", run) == (
-        "FAIL: the first training steps could not be checked: rank 1 made 2 optimizer "
-        "steps; the check replays the first 3.")
+        "FAIL: the training steps could not be checked: rank 1 made 7 optimizer steps and "
+        "rank 0 8: every rank must take the same steps.")
 
 
 def test_checkpoint_written_by_every_rank_fails_rank0_only(run):
@@ -251,8 +281,35 @@ def test_checkpoint_written_by_every_rank_fails_rank0_only(run):
 
 def test_table_printed_by_every_rank_fails_rank0_only(run):
     run.ranks[1]["metric_lines"] = run.ranks[0]["metric_lines"]
-    assert "rank 1 printed the per-epoch table too" in check("rank0_only_logs_and_writes",
-                                                             run)
+    assert "rank 1 printed the per-epoch table too, on stdout" in check(
+        "rank0_only_logs_and_writes", run)
+
+
+def test_the_table_on_stderr_counts_and_the_check_says_so(run):
+    """logging writes to stderr: rank 0's table there meets requirement 5, and the PASS
+    line says where it was found; another rank's table there fails it."""
+    for record in run.ranks:
+        record["stderr_metric_lines"], record["metric_lines"] = record["metric_lines"], []
+    verdict = check("rank0_only_logs_and_writes", run)
+    assert verdict.startswith("PASS: only rank 0 printed the table (on stderr, where "
+                              "logging writes: stdout and stderr both count)")
+    run.ranks[1]["stderr_metric_lines"] = ["INFO:root:epoch 2 val_loss=0.45 val_acc=0.875"]
+    assert "rank 1 printed the per-epoch table too, on stderr" in check(
+        "rank0_only_logs_and_writes", run)
+
+
+@pytest.mark.parametrize("line, table", [
+    ("epoch  2/2  val_loss 0.4500  val_acc 0.8750", True),
+    ("INFO:train:epoch=2 val_loss=0.45 val_acc=0.875", True),
+    ('{"epoch": 2, "val_loss": 0.45, "val_acc": 0.875}', True),
+    ("val_acc: tensor(0.8750)", True),
+    ("val_acc:0.9 val_loss NaN", True),
+    # A warning or traceback quoting the script's source: no value, not the table.
+    ('    print(f"val_loss {val_loss:.4f}  val_acc {val_acc:.4f}")', False),
+    ("    val_loss, val_correct, val_n = val_sums.tolist()", False),
+])
+def test_a_table_line_gives_val_loss_or_val_acc_a_value(line, table):
+    assert bool(ddp_recorder.METRIC_LINE.search(line)) is table
 
 
 def test_wrapped_checkpoint_fails_loading(run):
@@ -427,32 +484,48 @@ def four_gpu_run(tmp_path, speedup):
     return with_one_process_run(tmp_path, run, pass_s=0.1 * speedup * N_TRAIN / per_pass)
 
 
-@pytest.mark.parametrize("speedup, passed", [(3.6, True), (2.41, True), (2.39, False),
-                                             (1.0, False)])
-def test_on_four_gpus_the_speed_up_is_part_of_requirement_one(tmp_path, monkeypatch,
-                                                              speedup, passed):
+@pytest.mark.parametrize("speedup", [3.6, 2.41, 2.39, 1.0, 0.5])
+def test_on_four_gpus_the_speed_up_is_reported_and_never_fails(tmp_path, monkeypatch,
+                                                               speedup):
+    """Until the bar is calibrated on the grading machine, a speed-up below it costs
+    nothing: the verdict reports it, with where to look when it is low."""
     monkeypatch.chdir(tmp_path)
     run = four_gpu_run(tmp_path, speedup)
     assert run.speed()[0] == pytest.approx(speedup)
     verdict = check("runs_and_reaches_target_accuracy", run)
-    assert verdict.startswith("PASS" if passed else "FAIL"), verdict
-    if passed:
-        assert f"{speedup:.2f} times as fast as one GPU (required: 2.40)" in verdict
-    else:
-        assert f"{speedup:.2f} times the" in verdict
-        assert "required: 0.6 x 4 = 2.40 times" in verdict
+    assert verdict.startswith("PASS"), verdict
+    assert f"{speedup:.2f} times as fast as one GPU (the bar, 0.6 x 4 = 2.40, is " \
+           f"{ddp_checks.SPEEDUP_UNCALIBRATED})" in verdict
+    assert ("Below the bar, look for work that every rank repeats" in verdict) is (
+        speedup < 2.4)
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        assert ddp_checks.report(run) == (12 if passed else 11, passed)
-    assert f"{speedup:.2f}x (required: 0.6 x 4 = 2.40x)" in printed.getvalue()
+        assert ddp_checks.report(run) == (12, True)
+    assert f"{speedup:.2f}x (the bar, 0.6 x 4 = 2.40x, is reported, not required" in \
+        printed.getvalue()
 
 
-def test_on_gpus_a_speed_up_that_could_not_be_measured_fails(tmp_path, monkeypatch):
+def test_a_correct_job_on_a_cpu_starved_seat_is_not_failed_on_speed(tmp_path, monkeypatch):
+    """The timing spread of a correct job: 2 GPU ranks fed by 1 core, or one 15 ms stall in
+    a launch-bound pass, time the job at 1.0x or less of one process against a 1.2x bar.
+    Its run meets every requirement and passes."""
+    monkeypatch.chdir(tmp_path)
+    for pass_s in (0.5, 1.0, 2.0):  # one GPU's pass takes 0.5 s: 1.0x, 0.5x, 0.25x
+        run = good_run(tmp_path / f"starved{pass_s}", world=2, on_gpu=True, pass_s=pass_s)
+        with_one_process_run(tmp_path / f"starved{pass_s}", run, pass_s=0.5)
+        assert run.speed()[0] == pytest.approx(0.5 / pass_s)
+        assert failing(run) == set()
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert ddp_checks.report(run) == (12, True)
+
+
+def test_on_gpus_a_speed_up_that_could_not_be_measured_is_reported(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = four_gpu_run(tmp_path, 3.0)
     run.one_process.returncode, run.one_process.ranks[0]["error"] = 1, {
         "type": "KeyError", "message": "'LOCAL_RANK'", "where": "train_digits_ddp.py line 3"}
-    assert "could not be measured: rank 0 stopped with KeyError" in check(
-        "runs_and_reaches_target_accuracy", run)
+    verdict = check("runs_and_reaches_target_accuracy", run)
+    assert verdict.startswith("PASS")
+    assert "could not be measured: rank 0 stopped with KeyError" in verdict
 
 
 @pytest.mark.parametrize("speedup", [0.4, 1.6])
@@ -585,8 +658,10 @@ def test_notebook_states_the_points_the_pass_mark_and_the_speed_bar_of_ddp_check
             if line.startswith("| ") and line[2].isdigit()]
     assert [int(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows] == list(
         ddp_checks.REQUIREMENTS.values())
-    assert f"first {ddp_recorder.REPLAY_STEPS} optimizer steps" in intro
+    assert "every optimizer step" in intro
+    assert "stdout or stderr" in intro and "renamed into place" in intro
     assert f"{ddp_checks.SPEEDUP_PER_GPU} x N times as many samples per second" in intro
+    assert "reported, not required" in intro
     assert ddp_checks.SPEEDUP_NOT_REQUIRED_ON_CPU[0].upper() + \
         ddp_checks.SPEEDUP_NOT_REQUIRED_ON_CPU[1:] in intro
     assert "one optimizer step per batch" not in intro  # accumulation is allowed
@@ -599,8 +674,8 @@ def test_notebook_states_the_points_the_pass_mark_and_the_speed_bar_of_ddp_check
 def test_notebook_warns_that_other_ranks_printing_metrics_costs_requirement_five():
     cells = {meta["grade_id"]: cell.source for cell, meta in nbgrader_cells()}
     assert "val_loss" in cells["run_ddp_intro"] and "requirement 5" in cells["run_ddp_intro"]
-    assert ddp_recorder.METRIC_LINE.search("val_loss") and \
-        ddp_recorder.METRIC_LINE.search("val_acc")
+    assert ddp_recorder.METRIC_LINE.search("val_loss 0.5") and \
+        ddp_recorder.METRIC_LINE.search("val_acc=0.9")
     assert "ddp_checks.run_script(" in cells["run_ddp"]
     assert "torchrun" not in cells["run_ddp"]  # no raw torchrun output
 
@@ -635,7 +710,17 @@ parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--batch-size", type=int, default=256)
 parser.add_argument("--out", type=Path)
 parser.add_argument("--fail", action="store_true")
+parser.add_argument("--save", default="path")
+parser.add_argument("--log", action="store_true")
 args = parser.parse_args()
+if args.log:  # a logger of its own: pytest's handlers sit on the root logger
+    import logging
+    log = logging.getLogger("toy")
+    handler = logging.StreamHandler()  # sys.stderr
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 train_set, val_set = load_data()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
@@ -657,11 +742,31 @@ for epoch in range(2):
     with torch.no_grad():
         for x, y in DataLoader(val_set, batch_size=100):
             model(x)
-    print(f"epoch {epoch + 1}  val_loss 0.5  val_acc 0.9")
+    if args.log:
+        log.info("epoch %d  val_loss 0.5  val_acc 0.9", epoch + 1)
+    else:
+        print(f"epoch {epoch + 1}  val_loss 0.5  val_acc 0.9")
 if args.fail:
     raise NotImplementedError()
 args.out.mkdir(parents=True, exist_ok=True)
-torch.save({"model": model.state_dict()}, args.out / "checkpoint.pt")
+path = args.out / "checkpoint.pt"
+if args.save == "path":
+    torch.save({"model": model.state_dict()}, path)
+elif args.save == "save_atomic":  # the course's own: a file object of a temporary file
+    from workshop_lib import checkpoint
+    checkpoint.save_atomic({"model": model.state_dict()}, path)
+elif args.save == "file_object":
+    with open(path, "wb") as f:
+        torch.save(model.state_dict(), f)
+elif args.save == "rename":
+    import os
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=args.out, suffix=".tmp")
+    os.close(fd)
+    torch.save({"model_state_dict": model.state_dict()}, tmp)
+    Path(tmp).replace(path)
+elif args.save == "module":
+    torch.save(model, path)
 '''
 
 
@@ -720,11 +825,15 @@ def test_recorder_records_each_batch_the_steps_and_a_replay(toy):
     assert record["lrs"] == [0.1] * 12
     assert record["process_group_size"] == 1
     replay = record["replay"]
-    assert replay["steps"] == ddp_recorder.REPLAY_STEPS
-    # One rank: its own steps are the averaged, summed and local replay at once.
+    assert replay["steps"] == 12  # every step replayed
+    # One rank: its own steps are the averaged replay; every segment matched, so the
+    # replays that name a mistake were not needed.
     assert replay["ranks"][0]["start"] == 0
-    assert max(replay["ranks"][0][k] for k in ("averaged", "summed", "local")) < 1e-5
-    assert (replay["shared"], replay["samples"]) == (0, [3 * 256])
+    assert replay["ranks"][0]["averaged"] < 1e-5
+    assert replay["ranks"][0]["summed"] is None and "segment" not in replay
+    # The samples of its first epoch's steps (6 batches of 256)
+    assert (replay["shared"], replay["shared_steps"], replay["samples"]) == (0, 6, [1437])
+    assert replay["optimizer_end_gap"] == [0.0]
     assert record["checkpoint"] == {"saved": True, "loads": True, "matches_final": True,
                                     "problem": ""}
     assert record["writes"] == [str(toy / "out" / "checkpoint.pt")]
@@ -743,11 +852,15 @@ def test_recorder_replays_each_step_on_the_batches_it_accumulated(toy):
     _, record = record_toy(toy, "--accumulate", "2", "--batch-size", "128")
     assert record["lrs"] == [0.1] * 12  # 12 batches per epoch, a step every second
     replay = record["replay"]
-    assert max(replay["ranks"][0][k] for k in ("averaged", "local")) < 1e-5
-    first = torch.load(ddp_recorder.steps_file(toy / "evidence", 0), weights_only=False)
+    # Each epoch's last step holds a batch of 128 and one of 29, each loss halved: the
+    # replay weighs them so (the mean of the batches' means), as DDP would.
+    assert replay["ranks"][0]["averaged"] < 1e-5
+    steps = torch.load(ddp_recorder.steps_file(toy / "evidence", 0), weights_only=False)
     train = [p["batches"] for p in record["passes"] if p["split"] == "train"]
-    assert first["batches"] == [train[0][0:2], train[0][2:4], train[0][4:6]]
-    assert replay["samples"] == [6 * 128]
+    assert steps["batches"] == [train[e][i:i + 2] for e in range(2) for i in range(0, 12, 2)]
+    assert [first for first, _, _ in steps["snapshots"]] == list(
+        range(0, 12, ddp_recorder.SEGMENT_STEPS))
+    assert replay["samples"] == [1437]
 
 
 def test_recorder_sees_copies_of_one_training_as_such(toy):
@@ -758,8 +871,8 @@ def test_recorder_sees_copies_of_one_training_as_such(toy):
         _, record = record_toy(toy, rank=rank, world_size=2)
         assert record["process_group_size"] == 1
     replay = record["replay"]
-    assert replay["shared"] == replay["samples"][0] == replay["samples"][1] == 3 * 256
-    assert all(r["averaged"] < 1e-5 and r["local"] < 1e-5 for r in replay["ranks"])
+    assert replay["shared"] == replay["samples"][0] == replay["samples"][1] == 1437
+    assert all(r["averaged"] < 1e-5 for r in replay["ranks"])
 
 
 def test_recorder_finds_ranks_that_step_alone_on_their_own_shards(toy):
@@ -767,10 +880,33 @@ def test_recorder_finds_ranks_that_step_alone_on_their_own_shards(toy):
         _, record = record_toy(toy, "--sampler", "--rank", str(rank), rank=rank,
                                world_size=2)
     replay = record["replay"]
-    # The first 3 steps are each rank's whole shard, with the one sample DistributedSampler
-    # repeats to make 1,437 samples two equal shards.
+    # The first epoch's 3 steps are each rank's whole shard, with the one sample
+    # DistributedSampler repeats to make 1,437 samples two equal shards.
     assert replay["shared"] == 1 and replay["samples"] == [719, 719]
+    assert replay["shared_steps"] == 3
+    assert replay["segment"] == [1, 6]
     assert all(r["local"] < 1e-5 < 0.1 < r["averaged"] for r in replay["ranks"])
+
+
+@pytest.mark.parametrize("how", ["save_atomic", "file_object", "rename", "module"])
+def test_recorder_sees_every_way_of_saving_the_checkpoint(toy, how):
+    """A path, a file object (the course's checkpoint.save_atomic writes through one, to a
+    temporary file renamed into place), a temporary file renamed with Path.replace; a dict
+    holding the state dict, the state dict itself, the module: each is a save, under the
+    name it ends with, and loads into the plain model."""
+    _, record = record_toy(toy, "--save", how)
+    assert record["checkpoint"] == {"saved": True, "loads": True, "matches_final": True,
+                                    "problem": ""}, how
+    assert str(toy / "out" / "checkpoint.pt") in record["writes"]
+    assert not any(path.endswith(".tmp") for path in record["writes"])  # renamed away
+
+
+def test_recorder_reads_the_table_from_stderr_too(toy):
+    """logging writes to stderr: its lines are the table's as much as print's."""
+    _, record = record_toy(toy, "--log")
+    assert record["metric_lines"] == []
+    assert record["stderr_metric_lines"] == ["INFO epoch 1  val_loss 0.5  val_acc 0.9",
+                                             "INFO epoch 2  val_loss 0.5  val_acc 0.9"]
 
 
 def test_recorder_follows_a_distributed_sampler(toy):
@@ -843,10 +979,56 @@ def test_the_guards_run_in_autogrades_sanitize_step_before_overwrite_cells():
     at = default.index("OverwriteCells")
     assert default[:at] == ["ClearOutput", "DeduplicateIds", "OverwriteKernelspec"]
     assert configured == [*default[:at], "KeepAssignmentCellsOnly",
-                          "KeepAssignmentFilesOnly", *default[at:]]
+                          "KeepAssignmentFilesOnly", "UseInstructorGradingFiles",
+                          *default[at:]]
     script = next(cell for cell, meta in nbgrader_cells()
                   if meta["grade_id"] == config.KeepAssignmentCellsOnly.script_cell)
     assert script.source.split("\n")[0] == config.KeepAssignmentCellsOnly.script_first_line
+
+
+def graded_by_the_guard(course, student):
+    """UseInstructorGradingFiles run on ``student``'s folder of ``course``."""
+    from traitlets.config import Config
+
+    config = Config()
+    config.CourseDirectory.root = str(course)
+    guard = autograde_guard.UseInstructorGradingFiles(config=config)
+    resources = {"nbgrader": {"student": student, "assignment": "ddp_refactor"}}
+    return guard.preprocess(nbformat.v4.new_notebook(), resources)
+
+
+def test_each_learner_is_graded_with_the_instructors_grading_files(tmp_path, monkeypatch):
+    """A submission's copies of the checks or the recorder (altered, a link, or missing)
+    are replaced by the instructor's before its grading; the instructor's copies are those
+    source/ held for the first learner, and a change there since stops grading."""
+    monkeypatch.setattr(autograde_guard, "_INSTRUCTOR_COPIES", {})
+    source = tmp_path / "source" / "ddp_refactor"
+    source.mkdir(parents=True)
+    names = autograde_guard.UseInstructorGradingFiles.class_traits()["files"].default()
+    assert set(names) == {"ddp_checks.py", "ddp_recorder.py", "ddp_sandbox.py",
+                          "digits_data.py"}
+    for name in names:
+        (source / name).write_bytes((SOURCE / name).read_bytes())
+    for student in ("alice", "bob"):
+        graded = tmp_path / "autograded" / student / "ddp_refactor"
+        graded.mkdir(parents=True)
+        for name in names:
+            (graded / name).write_bytes((SOURCE / name).read_bytes())
+    alice = tmp_path / "autograded" / "alice" / "ddp_refactor"
+    (alice / "ddp_checks.py").write_text("def check_x(run):\n    print('PASS')\n")
+    (alice / "ddp_recorder.py").unlink()
+    (alice / "ddp_recorder.py").symlink_to(tmp_path / "elsewhere.py")
+    (alice / "digits_data.py").unlink()
+    graded_by_the_guard(tmp_path, "alice")
+    for name in names:
+        assert not (alice / name).is_symlink()
+        assert (alice / name).read_bytes() == (SOURCE / name).read_bytes(), name
+    assert not (tmp_path / "elsewhere.py").exists()
+    # A job that wrote into source/ between two learners: the next is not graded.
+    (source / "ddp_recorder.py").write_text("REPLAY_MATCH = 1e9\n")
+    with pytest.raises(autograde_guard.GradingFilesChanged,
+                       match="ddp_recorder.py changed while autograde ran"):
+        graded_by_the_guard(tmp_path, "bob")
 
 
 def test_grades_export_has_a_column_per_requirement_and_the_verdict():

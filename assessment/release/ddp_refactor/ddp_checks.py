@@ -48,17 +48,23 @@ ACC_TOLERANCE = 1e-4  # well under one validation sample (1/360)
 LOSS_RTOL = 1e-3  # float32 sums in another order differ by ~1e-6
 PARAM_RTOL = 1e-6  # ranks that average their gradients hold bit-identical parameters
 START_RTOL = 1e-6  # ranks that start from rank 0's parameters hold exactly those
-# A replay on the CPU in float32 matches a correct job within ~1e-6 of the update; a job
-# that sums its gradients is off by ~1 update, one whose ranks step alone by ~0.5.
+# Every optimizer step is replayed, in segments of a few steps (ddp_recorder.SEGMENT_STEPS),
+# each from the parameters the ranks held at its start. A replay on the CPU in float32
+# matches a correct job within ~1e-5 of a step's update; a job that sums its gradients, or
+# whose ranks step alone for even one step, is off by ~0.3 or more. ddp_recorder's
+# REPLAY_MATCH is the same bar.
 REPLAY_RTOL = 0.02
 LR_RTOL = 1e-3
 
-# A job on N >= 2 GPUs must train at least this many times N as fast (samples per second)
-# as the same script on one GPU: part of requirement 1 there. On the CPU the speed-up is
-# not required (SPEEDUP_NOT_REQUIRED_ON_CPU says why), so by default it is not measured
-# there: a second launch per learner that no point depends on (Config.measure_speedup=True
-# measures and reports it anyway).
+# The speed-up over one process is reported, never required: no point and no pass depends
+# on it. On GPUs it is measured (a second, single-process launch) and set against this
+# bar, SPEEDUP_PER_GPU x N, which stays advisory until it is calibrated on the grading
+# machine (SPEEDUP_UNCALIBRATED says why). On the CPU it is not measured by default
+# (SPEEDUP_NOT_REQUIRED_ON_CPU says why; Config.measure_speedup=True measures it anyway).
 SPEEDUP_PER_GPU = 0.6
+SPEEDUP_UNCALIBRATED = (
+    "reported, not required: this bar is not yet calibrated on the grading machine, and "
+    "a timing over this small a model moves by a third with one stall or a busy core")
 SPEEDUP_NOT_REQUIRED_ON_CPU = (
     "on the CPU the speed-up is not required: the processes share the machine's cores and "
     "memory, and for a model this small an all-reduce over gloo costs about as much as a "
@@ -251,7 +257,8 @@ class Run:
 
     @property
     def measures_speedup(self):
-        """Whether this job is run again as a single process, for the speed-up."""
+        """Whether this job is run again as a single process, for the speed-up (reported,
+        never required)."""
         wanted = self.config.measure_speedup
         return self.nproc >= 2 and (self.on_gpu if wanted is None else wanted)
 
@@ -283,7 +290,8 @@ class Run:
                 f"{where(self.nproc, self.on_gpu)}, {self.one_process.samples_per_s:,.0f} "
                 f"as a single process: {speedup:.2f}x")
         if self.on_gpu:
-            return line + f" (required: {SPEEDUP_PER_GPU} x {self.nproc} = {bar:.2f}x)."
+            return line + (f" (the bar, {SPEEDUP_PER_GPU} x {self.nproc} = {bar:.2f}x, is "
+                           f"{SPEEDUP_UNCALIBRATED}).")
         return line + f" ({SPEEDUP_NOT_REQUIRED_ON_CPU})."
 
 
@@ -544,10 +552,9 @@ def _passed(message):
 
 
 def check_runs_and_reaches_target_accuracy(run):
-    """The job finishes in time on every rank, rank 0's final model reaches the target
-    accuracy on the whole validation set, and on two or more GPUs the job trains at least
-    SPEEDUP_PER_GPU x N times as many samples per second as the same script on one GPU
-    (on the CPU the speed-up is not required; reported where it was measured)."""
+    """The job finishes in time on every rank and rank 0's final model reaches the target
+    accuracy on the whole validation set. The speed-up over one process is reported where
+    it was measured, and never fails the requirement (SPEEDUP_UNCALIBRATED)."""
     _require_model(run)
     evaluation = run.ranks[0]["val_eval"]
     if "error" in evaluation:
@@ -563,18 +570,17 @@ def check_runs_and_reaches_target_accuracy(run):
     if run.on_gpu and run.measures_speedup:
         bar = SPEEDUP_PER_GPU * run.nproc
         if speedup is None:
-            raise RequirementNotMet(f"{reached}, but its speed-up over one GPU: {why_not}")
-        if speedup < bar:
-            raise RequirementNotMet(
-                f"{reached}, but on {run.nproc} GPUs it trained "
-                f"{run.samples_per_s:,.0f} samples/s, {speedup:.2f} times the "
-                f"{run.one_process.samples_per_s:,.0f} samples/s of the same script on one "
-                f"GPU; required: {SPEEDUP_PER_GPU} x {run.nproc} = {bar:.2f} times. Look for "
-                f"work that every rank repeats in full, work on rank 0 alone inside the "
-                f"training loop that the others wait for, or ranks sharing one GPU "
-                f"(torch.cuda.set_device(local_rank) and device_ids=[local_rank]).")
-        _passed(f"{reached}; {speedup:.2f} times as fast as one GPU (required: "
-                f"{bar:.2f}).")
+            reached += f"; the speed-up over one GPU: {why_not}"
+        else:
+            reached += (f"; {speedup:.2f} times as fast as one GPU (the bar, "
+                        f"{SPEEDUP_PER_GPU} x {run.nproc} = {bar:.2f}, is "
+                        f"{SPEEDUP_UNCALIBRATED})")
+            if speedup < bar:
+                reached += (". Below the bar, look for work that every rank repeats in "
+                            "full, work on rank 0 alone inside the training loop that the "
+                            "others wait for, or ranks sharing one GPU "
+                            "(torch.cuda.set_device(local_rank) and device_ids=[local_rank])")
+        _passed(reached + ".")
         return
     if speedup is not None:
         reached += (f"; {speedup:.2f} times as fast as one process "
@@ -665,9 +671,17 @@ def _params(record):
     return array("f", base64.b64decode(record["model"]["params_b64"]))
 
 
+def _replayed(replay):
+    """Which steps a replay result covers, in words."""
+    if "segment" in replay:
+        first, last = replay["segment"]
+        return f"in optimizer steps {first}-{last} (of {replay['steps']})"
+    return f"over all {replay['steps']} optimizer steps"
+
+
 def _replay_verdict(run, replay):
-    """The mistake the replay shows, as a reason; None when the first steps are right."""
-    steps, ranks = replay["steps"], replay["ranks"]
+    """The mistake the replay shows, as a reason; None when every step is right."""
+    ranks = replay["ranks"]
     moved = [r for r, result in enumerate(ranks) if result["start"] > START_RTOL]
     if moved:
         return (f"the ranks started training from different parameters (rank {moved[0]}'s "
@@ -676,29 +690,35 @@ def _replay_verdict(run, replay):
                 f"broadcasts them when it wraps the model).")
     if all(result["averaged"] <= REPLAY_RTOL for result in ranks):
         return None
-    if all(result["summed"] <= REPLAY_RTOL for result in ranks):
-        return (f"after {steps} steps the ranks' parameters equal a replay in which the "
-                f"ranks' gradients are summed, not averaged: divide the all-reduced "
-                f"gradients by the world size (DistributedDataParallel averages them).")
-    if all(result["local"] <= REPLAY_RTOL for result in ranks):
-        return (f"after {steps} steps each rank's parameters equal a replay of its own "
-                f"batches alone: each rank stepped on its own gradients. Average the "
-                f"gradients over the ranks at every step (DistributedDataParallel does it "
-                f"in backward()); averaging the parameters now and then is not the same.")
+    replayed = _replayed(replay)
+    if all(result["summed"] is not None and result["summed"] <= REPLAY_RTOL
+           for result in ranks):
+        return (f"{replayed} the ranks' parameters equal a replay in which the ranks' "
+                f"gradients are summed, not averaged: divide the all-reduced gradients by "
+                f"the world size (DistributedDataParallel averages them).")
+    if all(result["local"] is not None and result["local"] <= REPLAY_RTOL
+           for result in ranks):
+        return (f"{replayed} each rank's parameters equal a replay of its own batches alone: "
+                f"each rank stepped on its own gradients. Average the gradients over the "
+                f"ranks at every step (DistributedDataParallel does it in backward()); "
+                f"averaging the parameters now and then, or averaging only some steps, is "
+                f"not the same.")
     worst = max(range(len(ranks)), key=lambda r: ranks[r]["averaged"])
-    return (f"after {steps} steps rank {worst}'s parameters differ from a single-process "
-            f"replay of the same global batches by {ranks[worst]['averaged']:.2g} of the "
-            f"update (at most {REPLAY_RTOL} allowed). The replay trains each step on the "
-            f"batches all ranks took from their DataLoader since their previous step, with "
-            f"F.cross_entropy (the mean over those samples) and your optimizer; keep the "
-            f"model deterministic (no dropout).")
+    return (f"{replayed} rank {worst}'s parameters differ from a single-process replay of "
+            f"the same global batches by {ranks[worst]['averaged']:.2g} of a step's update "
+            f"(at most {REPLAY_RTOL} allowed): average the gradients over the ranks at "
+            f"every step. The replay trains each step on the batches all ranks took from "
+            f"their DataLoader since their previous step, with F.cross_entropy (the mean "
+            f"over those samples) and your optimizer; keep the model deterministic (no "
+            f"dropout).")
 
 
 def check_gradients_averaged_over_ranks(run):
     """The ranks train as one: they form one process group, each trains on samples of its
-    own, and every rank's parameters after the first optimizer steps equal a
-    single-process replay of those steps on the global batch (all ranks' batches of each
-    step: the batches each was handed since its previous step); all ranks hold identical
+    own, and every rank's parameters after every optimizer step of the job equal a
+    single-process replay of the job's steps on the global batch (all ranks' batches of
+    each step: the batches each was handed since its previous step), replayed in short
+    segments from the parameters at each segment's start; all ranks hold identical
     parameters at the end."""
     _require_model(run)
     for rank, record in enumerate(run.ranks):
@@ -714,16 +734,16 @@ def check_gradients_averaged_over_ranks(run):
                    if alone else "."))
     replay = run.ranks[0].get("replay") or {"problem": "rank 0 recorded no replay."}
     if "problem" in replay:
-        raise RequirementNotMet(f"the first training steps could not be checked: "
+        raise RequirementNotMet(f"the training steps could not be checked: "
                                 f"{replay['problem']}")
     shared = replay.get("shared", 0)
     if shared > run.nproc - 1:  # more than DistributedSampler's padding can repeat
         raise RequirementNotMet(
-            f"in the first {replay['steps']} optimizer steps {shared} of the "
-            f"{max(replay['samples']):,} samples a rank trained on were also another "
-            f"rank's: the ranks trained on the same samples, so their steps prove nothing "
-            f"about averaging (copies of one training end identical too), and the job does "
-            f"the same work several times. Give each rank its own shard "
+            f"in the first {replay.get('shared_steps', replay['steps'])} optimizer steps "
+            f"{shared} of the {max(replay['samples']):,} samples a rank trained on were "
+            f"also another rank's: the ranks trained on the same samples, so their steps "
+            f"prove nothing about averaging (copies of one training end identical too), and "
+            f"the job does the same work several times. Give each rank its own shard "
             f"(DistributedSampler).")
     reason = _replay_verdict(run, replay)
     if reason:
@@ -737,13 +757,20 @@ def check_gradients_averaged_over_ranks(run):
         worst = max(abs(a - b) / (1 + abs(b)) for a, b in zip(params, reference, strict=True))
         if worst > PARAM_RTOL:
             raise RequirementNotMet(
-                f"the first {replay['steps']} steps match a single-process replay, but "
-                f"after training rank {rank}'s parameters differ from rank 0's (by up to "
-                f"{worst:.3g}): average the gradients over the ranks at every step.")
+                f"every optimizer step matches a single-process replay, but after training "
+                f"rank {rank}'s parameters differ from rank 0's (by up to {worst:.3g}): "
+                f"average the gradients over the ranks at every step.")
+        gap = replay.get("optimizer_end_gap", [0.0] * run.nproc)[rank]
+        if gap > PARAM_RTOL:
+            raise RequirementNotMet(
+                f"after training rank {rank}'s optimizer state (its momentum) differs from "
+                f"rank 0's (by up to {gap:.3g}): the ranks did not average their gradients "
+                f"at every step (averaging the parameters afterwards is not the same). "
+                f"Average the gradients over the ranks at every step.")
     error = max(result["averaged"] for result in replay["ranks"])
-    _passed(f"for the first {replay['steps']} steps every rank's parameters equal a "
-            f"single-process replay on the global batch (within {error:.1g} of the update), "
-            f"and the {run.nproc} ranks hold identical parameters after training.")
+    _passed(f"{_replayed(replay)} every rank's parameters equal a single-process replay on "
+            f"the global batch (within {error:.1g} of a step's update), and the "
+            f"{run.nproc} ranks hold identical parameters after training.")
 
 
 def _under(path, folder):
@@ -757,8 +784,17 @@ def _short(path, run):
     return path
 
 
+def _table_lines(record):
+    """``(lines, stream)``: the per-epoch table's lines a rank printed on stdout, else those
+    it wrote to stderr (``logging``, ``print(..., file=sys.stderr)``)."""
+    if record["metric_lines"]:
+        return record["metric_lines"], "stdout"
+    return record.get("stderr_metric_lines", []), "stderr"
+
+
 def check_rank0_only_logs_and_writes(run):
-    """Rank 0, and only rank 0, prints the per-epoch table and writes files."""
+    """Rank 0, and only rank 0, prints the per-epoch table (on stdout or stderr: a line
+    giving val_loss or val_acc a value) and writes files."""
     _require(run)
     for rank, record in enumerate(run.ranks[1:], start=1):
         if record["writes"]:
@@ -766,20 +802,25 @@ def check_rank0_only_logs_and_writes(run):
             raise RequirementNotMet(
                 f"rank {rank} wrote {names}: only rank 0 may write the log and the "
                 f"checkpoint (every other rank would overwrite the same files).")
-        if record["metric_lines"]:
+        lines, stream = _table_lines(record)
+        if lines:
             raise RequirementNotMet(
-                f"rank {rank} printed the per-epoch table too, e.g. "
-                f"{record['metric_lines'][0]!r}: only rank 0 should print it.")
+                f"rank {rank} printed the per-epoch table too, on {stream}, e.g. "
+                f"{lines[0]!r}: only rank 0 should print it.")
     rank0 = run.ranks[0]
     missing = [name for name in ("log.jsonl", "checkpoint.pt")
                if not (run.out_dir / name).is_file()]
     if missing or not any(_under(path, run.out_dir) for path in rank0["writes"]):
         raise RequirementNotMet(f"rank 0 did not write {' and '.join(missing) or 'anything'}"
                                 f" in the --out folder.")
-    if not rank0["metric_lines"]:
-        raise RequirementNotMet("rank 0 did not print the per-epoch table (val_loss, "
-                                "val_acc).")
-    _passed("only rank 0 printed the table and wrote log.jsonl and checkpoint.pt.")
+    lines, stream = _table_lines(rank0)
+    if not lines:
+        raise RequirementNotMet("rank 0 did not print the per-epoch table: a line per epoch "
+                                "giving val_loss and val_acc their values, on stdout or "
+                                "stderr.")
+    _passed(f"only rank 0 printed the table (on {stream}"
+            + (", where logging writes: stdout and stderr both count" if stream == "stderr"
+               else "") + ") and wrote log.jsonl and checkpoint.pt.")
 
 
 def check_checkpoint_loads_into_plain_model(run):
@@ -788,7 +829,9 @@ def check_checkpoint_loads_into_plain_model(run):
     _require_model(run)
     checkpoint = run.ranks[0]["checkpoint"]
     if not checkpoint["saved"]:
-        raise RequirementNotMet("rank 0 saved nothing with torch.save in the --out folder.")
+        raise RequirementNotMet("rank 0 saved nothing with torch.save in the --out folder "
+                                "(by path, through a file object, or to a temporary file "
+                                "renamed into it).")
     if not checkpoint["loads"]:
         raise RequirementNotMet(
             f"the checkpoint rank 0 saved does not load into the plain model with "

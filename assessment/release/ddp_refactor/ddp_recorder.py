@@ -14,16 +14,18 @@ Each patcher below records one thing and returns the function that undoes it:
 - a global forward pre-hook: the modules called, the model among them;
 - ``torch.optim.Optimizer.__init__``: the optimizers created;
 - global optimizer step hooks: the learning rate of every step and the training batches
-  it consumed (those handed out since the previous step); at the first step the model,
-  its parameters, the optimizer's state and the process group, and after
-  ``REPLAY_STEPS`` steps the parameters again;
-- ``torch.save`` and ``open``: the files written, and what was saved in ``OUT_DIR``;
-- ``sys.stdout``: the lines printed.
+  it consumed (those handed out since the previous step); at the first step the model and
+  the process group; and before every ``SEGMENT_STEPS``-th step (the first included) the
+  model's parameters and the optimizer's state;
+- ``torch.save``, ``open`` and ``os.replace`` / ``os.rename``: the files written, and what
+  was saved in ``OUT_DIR``, by path or through a file object, directly or through a
+  temporary file renamed into place;
+- ``sys.stdout`` and ``sys.stderr``: the lines printed (``logging`` writes to stderr).
 
-When the script returns, rank 0 replays the first ``REPLAY_STEPS`` steps in one process
-(``replay_first_steps``), and each rank writes its record, ``rank<RANK>.json``, into
-EVIDENCE_DIR. The ``check_*`` functions of ``ddp_checks`` judge the requirements from the
-records of all ranks.
+When the script returns, each rank writes its steps (``steps_file``); rank 0 replays every
+optimizer step of the job in one process, segment by segment (``replay_steps``), and each
+rank writes its record, ``rank<RANK>.json``, into EVIDENCE_DIR. The ``check_*`` functions
+of ``ddp_checks`` judge the requirements from the records of all ranks.
 
 Your copy of this file is replaced by the instructor's when your work is graded.
 """
@@ -42,11 +44,23 @@ from pathlib import Path
 # torch is imported inside the functions that use it: importing it takes seconds, and
 # main() first writes the pid file by which the launcher stops a job that runs too long.
 
-REPLAY_STEPS = 3  # the first optimizer steps replayed in one process
-PEER_WAIT_S = 30  # how long rank 0 waits for another rank's record of its first steps
-METRIC_LINE = re.compile(r"val_(acc|loss)")  # a line of the per-epoch table
+# Every optimizer step is replayed, in segments of this many steps, each from the
+# parameters and optimizer state the ranks held at its start: a segment is short enough
+# that float32 rounding stays ~1e-5 of a step's update, and a job that stops averaging at
+# any step fails the segment holding it.
+SEGMENT_STEPS = 8
+SHARED_CHECK_STEPS = SEGMENT_STEPS  # at most the first epoch's steps: samples of each rank's own
+PEER_WAIT_S = 30  # how long rank 0 waits for another rank's record of its steps
+# A line of the per-epoch table: val_loss or val_acc given a value ("val_acc 0.93",
+# "val_acc=0.93", '"val_acc": 0.93', "val_acc: tensor(0.93)"), on stdout or stderr.
+METRIC_LINE = re.compile(r"val_(acc|loss)\b[\"']?\s*[:=]?\s*(tensor\()?[-+]?(\d|nan|inf)",
+                         re.I)
 DATA_MODULE_ENV = "DDP_RECORDER_DATA_MODULE"
-KEPT_SAVES = 4  # the last torch.save calls into OUT_DIR kept, for the checkpoint check
+KEPT_SAVES = 8  # the last torch.save calls to a file kept, for the checkpoint check
+# A segment matches a replay on averaged gradients within this fraction of a step's update
+# (ddp_checks.REPLAY_RTOL, the same bar): a correct job is ~1e-5 off, the mistakes ~0.3 or
+# more.
+REPLAY_MATCH = 0.02
 
 
 def steps_file(evidence_dir, rank):
@@ -200,10 +214,11 @@ def patch_optimizer_init(recorder):
 
 def hook_optimizer_steps(recorder):
     """The optimizer that steps first is the one that trains the model: its learning rate
-    at every step, the training batches each of the first REPLAY_STEPS steps consumed (the
-    batches handed out since the previous step: one, or several when the script
-    accumulates gradients), its state at the first step and the parameters after
-    REPLAY_STEPS."""
+    at every step, the training batches each step consumed (the batches handed out since
+    the previous step: one, or several when the script accumulates gradients), and, before
+    every SEGMENT_STEPS-th step, the model's parameters and the optimizer's state (taken
+    before the step, so that whatever the script does to the parameters between steps is
+    part of the segment that ends there)."""
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
         register_optimizer_step_pre_hook,
@@ -213,42 +228,87 @@ def hook_optimizer_steps(recorder):
         if recorder.optimizer is None:
             recorder.start_first_steps(optimizer)
         if optimizer is recorder.optimizer:
+            if recorder.steps % SEGMENT_STEPS == 0:
+                recorder.snapshot()
             recorder.lrs.append([float(group["lr"]) for group in optimizer.param_groups])
-            if len(recorder.step_batches) < REPLAY_STEPS:
-                recorder.step_batches.append(recorder.handed_out)
+            recorder.step_batches.append(recorder.handed_out)
             recorder.handed_out = []
 
     def after(optimizer, args, kwargs):
         if optimizer is recorder.optimizer:
             recorder.steps += 1
-            if recorder.steps == REPLAY_STEPS:
-                recorder.save_first_steps()
 
     handles = [register_optimizer_step_pre_hook(before),
                register_optimizer_step_post_hook(after)]
     return lambda: [handle.remove() for handle in handles]
 
 
+def _file_path(f):
+    """The absolute path torch.save writes to, for a path or a file object (one opened by
+    open(), os.fdopen() or tempfile: its descriptor names the file); None for an in-memory
+    buffer."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return os.path.abspath(os.fsdecode(f))
+    try:
+        target = os.readlink(f"/proc/self/fd/{f.fileno()}")
+        if target.startswith("/"):
+            return target
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    name = getattr(f, "name", None)
+    return os.path.abspath(os.fsdecode(name)) if isinstance(name, (str, bytes)) else None
+
+
 def patch_torch_save(recorder):
     """Files written by torch.save (it opens them in C++, past the open() recorded below),
-    and a copy of what was saved in OUT_DIR: another rank may overwrite the file itself."""
+    given a path or a file object, and a copy of everything saved to a file: another rank
+    may overwrite the file itself, and a file saved under a temporary name counts under
+    the name it is renamed to (patch_rename)."""
     import torch
 
     original = torch.save
 
     def save(obj, f, *args, **kwargs):
+        path = _file_path(f) if recorder.recording else None
         result = original(obj, f, *args, **kwargs)
-        if recorder.recording and isinstance(f, (str, os.PathLike)):
-            path = os.path.abspath(f)
+        if path is not None:
             recorder.writes.append(path)
-            if Path(path).is_relative_to(recorder.out_dir):
-                buffer = io.BytesIO()
-                original(obj, buffer)
-                recorder.saves = [*recorder.saves, buffer.getvalue()][-KEPT_SAVES:]
+            buffer = io.BytesIO()
+            original(obj, buffer)
+            recorder.saves = [*recorder.saves, [path, buffer.getvalue()]][-KEPT_SAVES:]
         return result
 
     torch.save = save
     return lambda: setattr(torch, "save", original)
+
+
+def patch_rename(recorder):
+    """Files renamed into place (os.replace and os.rename; pathlib, shutil.move and
+    tempfile-based atomic writes go through them): the destination is written, and what
+    torch.save wrote under the old name now lives under the new one."""
+    originals = os.replace, os.rename
+
+    def renamer(original):
+        def rename(src, dst, *args, **kwargs):
+            result = original(src, dst, *args, **kwargs)
+            if recorder.recording and isinstance(src, (str, bytes, os.PathLike)) \
+                    and isinstance(dst, (str, bytes, os.PathLike)):
+                old, new = (os.path.abspath(os.fsdecode(p)) for p in (src, dst))
+                recorder.writes = [new if path == old else path for path in recorder.writes]
+                if new not in recorder.writes:
+                    recorder.writes.append(new)
+                for save in recorder.saves:
+                    if save[0] == old:
+                        save[0] = new
+            return result
+        return rename
+
+    os.replace, os.rename = (renamer(original) for original in originals)
+
+    def undo():
+        os.replace, os.rename = originals
+
+    return undo
 
 
 def patch_open(recorder):
@@ -274,7 +334,7 @@ def patch_open(recorder):
 
 
 class _Tee:
-    """sys.stdout that also keeps the lines written."""
+    """A stream (sys.stdout, sys.stderr) that also keeps the lines written."""
 
     def __init__(self, stream, lines):
         self._stream, self._lines, self._partial = stream, lines, ""
@@ -292,21 +352,24 @@ class _Tee:
         return getattr(self._stream, name)
 
 
-def tee_stdout(recorder):
-    """The lines the script prints."""
-    original = sys.stdout
-    sys.stdout = _Tee(original, recorder.stdout)
+def tee_output(recorder):
+    """The lines the script prints on stdout and writes to stderr (``logging``'s handlers
+    look sys.stderr up when they are made, after this, or when they write)."""
+    originals = sys.stdout, sys.stderr
+    sys.stdout = _Tee(originals[0], recorder.stdout)
+    sys.stderr = _Tee(originals[1], recorder.stderr)
 
     def undo():
         sys.stdout.flush()
-        sys.stdout = original
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = originals
 
     return undo
 
 
 PATCHERS = (patch_load_data, patch_dataloader_iterators, hook_module_calls,
-            patch_optimizer_init, hook_optimizer_steps, patch_torch_save, patch_open,
-            tee_stdout)
+            patch_optimizer_init, hook_optimizer_steps, patch_torch_save, patch_rename,
+            patch_open, tee_output)
 
 
 # --------------------------------------------------------------------------------------
@@ -331,18 +394,20 @@ class Recorder:
         self.train_set = self.val_set = None
         self.passes = []  # {"split", "batches", "seconds"} per DataLoader pass, in order
         self.handed_out = []  # training batches handed to the script since the last step
-        self.step_batches = []  # the training batches of each of the first steps
+        self.step_batches = []  # the training batches of each step
         self.modules = {}  # every module called, by id: the model is among them
         self.optimizers = []
         self.optimizer = None  # the one that steps first
         self.process_group_size = None  # at the first step
         self.lrs = []  # each step's learning rate, per parameter group
         self.steps = 0
-        self.first_steps = None  # what steps_file() holds for the replay
+        self.first_steps = None  # the model's parameter groups at the first step, or a problem
+        self.snapshots = []  # (step, parameters, optimizer state) every SEGMENT_STEPS steps
         self.model = None  # the model found at the first step
-        self.saves = []  # what torch.save wrote into out_dir, last KEPT_SAVES calls
+        self.saves = []  # [path, bytes] of the last KEPT_SAVES torch.save calls to a file
         self.writes = []
         self.stdout = []
+        self.stderr = []
         self.error = None
         self._undo = []
 
@@ -375,8 +440,7 @@ class Recorder:
         finally:
             sys.argv = argv
             self.uninstall()
-            if not steps_file(self.evidence_dir, self.rank).exists():
-                self.save_first_steps()  # fewer steps than REPLAY_STEPS: rank 0 must know
+            self.save_steps()
 
     def describe(self, error):
         frames = traceback.extract_tb(error.__traceback__)
@@ -387,7 +451,7 @@ class Recorder:
         message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         return {"type": type(error).__name__, "message": message, "where": where}
 
-    # -- the first steps, for the replay ------------------------------------------------
+    # -- the steps, for the replay ------------------------------------------------------
 
     def find_model(self):
         """``(model, problem)``: the module the script trains, called in forward passes,
@@ -407,7 +471,8 @@ class Recorder:
         return max(roots, key=lambda m: sum(p.numel() for p in m.parameters())), None
 
     def start_first_steps(self, optimizer):
-        """At the first step: the model, its parameters and the optimizer's state."""
+        """At the first step: the model, the process group and the optimizer's parameter
+        groups (by the model's parameter names)."""
         import torch.distributed as dist
 
         self.optimizer = optimizer
@@ -424,25 +489,34 @@ class Recorder:
             self.first_steps = {"problem": "the optimizer updates tensors that are not "
                                            "parameters of the model."}
             return
-        self.first_steps = {"theta_0": _cpu_state(self.model), "param_groups": groups,
-                            "optimizer_state": copy.deepcopy(optimizer.state_dict())}
+        self.first_steps = {"param_groups": groups}
 
-    def save_first_steps(self):
-        """Write the first steps for rank 0's replay: parameters before and after, each
-        step's batch and learning rates. Atomically: rank 0 reads it as soon as it exists."""
-        first = dict(self.first_steps or {"problem": "the script made no optimizer step."})
-        if "theta_0" in first:
-            first.update(steps=self.steps, theta_k=_cpu_state(self.model),
+    def snapshot(self):
+        """The model's parameters and the optimizer's state now, before step self.steps."""
+        if self.first_steps is None or "problem" in self.first_steps:
+            return
+        self.snapshots.append((self.steps, _cpu_state(self.model),
+                               _to_cpu(copy.deepcopy(self.optimizer.state_dict()))))
+
+    def save_steps(self):
+        """Write this rank's steps for rank 0's replay: the parameters and optimizer state
+        at each segment's start, the parameters at the end, each step's batches and
+        learning rates. Atomically: rank 0 reads it as soon as it exists."""
+        steps = dict(self.first_steps or {"problem": "the script made no optimizer step."})
+        if "problem" not in steps:
+            steps.update(steps=self.steps, snapshots=self.snapshots,
+                         theta_end=_cpu_state(self.model),
+                         optimizer_end=_to_cpu(self.optimizer.state_dict()),
                          batches=self.step_batches[:self.steps], lrs=self.lrs[:self.steps])
         path = steps_file(self.evidence_dir, self.rank)
         partial = path.with_name(path.name + ".part")
-        self._save(first, partial)
+        self._save(steps, partial)
         os.replace(partial, path)
 
     # -- rank 0: the replay --------------------------------------------------------------
 
-    def wait_for_first_steps(self):
-        """Every rank's first steps (None for a rank that wrote none in time)."""
+    def wait_for_steps(self):
+        """Every rank's steps (None for a rank that wrote none in time)."""
         import torch
 
         deadline = time.monotonic() + PEER_WAIT_S
@@ -452,29 +526,33 @@ class Recorder:
         return [torch.load(p, map_location="cpu", weights_only=False) if p.exists() else None
                 for p in paths]
 
-    def replay_first_steps(self):
-        """Replay the first REPLAY_STEPS steps in this process, on the CPU in float32, from
-        rank 0's parameters and optimizer state, each step on the ranks' batches of that
-        step (all the batches each rank was handed since its previous step): averaged (the
-        mean loss over the global batch), summed (the sum of the ranks' mean losses) and,
-        from each rank's own start, local (its own batches only). Returns how far each
-        rank's parameters after those steps are from each replay, relative to the size of
-        the replayed update, and how many of the samples of those steps more than one rank
-        trained on (then the replay cannot tell averaged gradients from ranks that each
-        train alone)."""
+    def replay_steps(self):
+        """Replay every optimizer step of the job in this process, on the CPU in float32,
+        segment by segment: each segment of SEGMENT_STEPS steps from the parameters and
+        optimizer state rank 0 held at its start, each step on the ranks' batches of that
+        step together (all the batches each rank was handed since its previous step, the
+        mean loss over them: averaged gradients). Each rank's parameters at the segment's
+        end (the next segment's start, or the end of training) are compared with the
+        replay's, relative to the replay's mean update per step. At the first segment that
+        does not match, two replays name the mistake: the sum of the ranks' mean losses
+        (summed gradients) and, from each rank's own start, its own batches alone (local).
+        Also returns how many of the samples of the first SHARED_CHECK_STEPS steps more
+        than one rank trained on (then the replay cannot tell averaged gradients from ranks
+        that each train alone)."""
         import torch
 
-        ranks = self.wait_for_first_steps()
-        for rank, first in enumerate(ranks):
-            if first is None:
+        ranks = self.wait_for_steps()
+        for rank, steps in enumerate(ranks):
+            if steps is None:
                 return {"problem": f"rank {rank} recorded no optimizer step within "
                                    f"{PEER_WAIT_S} s of rank 0's end."}
-            if "problem" in first:
-                return {"problem": f"rank {rank}: {first['problem']}"}
-            if first["steps"] < REPLAY_STEPS:
-                return {"problem": f"rank {rank} made {first['steps']} optimizer steps; the "
-                                   f"check replays the first {REPLAY_STEPS}."}
-            for step, batches in enumerate(first["batches"]):
+            if "problem" in steps:
+                return {"problem": f"rank {rank}: {steps['problem']}"}
+            if steps["steps"] != ranks[0]["steps"]:
+                return {"problem": f"rank {rank} made {steps['steps']} optimizer steps and "
+                                   f"rank 0 {ranks[0]['steps']}: every rank must take the "
+                                   f"same steps."}
+            for step, batches in enumerate(steps["batches"]):
                 if not batches:
                     return {"problem": f"rank {rank}'s optimizer step {step + 1} came after "
                                        f"no new batch of train_set: the grader replays each "
@@ -482,64 +560,134 @@ class Recorder:
                                        f"the previous step."}
         x, y = self.train_set.tensors
 
-        def batch(rank, step):
-            indices = [i for b in ranks[rank]["batches"][step] for i in b]
-            return x[indices].float(), y[indices]
+        def batches(rank, step):
+            """``[(inputs, targets)]``: the batches rank took for this step."""
+            return [(x[b].float(), y[b]) for b in ranks[rank]["batches"][step]]
+
+        def union(step):
+            """The step on the global batch: the mean loss over all its samples."""
+            inputs, targets = zip(*(b for r in range(len(ranks)) for b in batches(r, step)),
+                                  strict=True)
+            return [(torch.cat(inputs), torch.cat(targets), 1.0)]
 
         def averaged(step):
-            inputs, targets = zip(*(batch(r, step) for r in range(len(ranks))), strict=True)
-            return [(torch.cat(inputs), torch.cat(targets))]
+            """What DDP computes: the mean over ranks of each rank's loss, itself the mean
+            of its batches' mean losses (one batch, or several accumulated, each divided
+            by their number). With batches all of one size this is the union's mean."""
+            sizes = {len(b) for r in range(len(ranks)) for b in ranks[r]["batches"][step]}
+            if len(sizes) == 1:
+                return union(step)
+            return [(inputs, targets, 1.0 / (len(ranks) * len(ranks[r]["batches"][step])))
+                    for r in range(len(ranks)) for inputs, targets in batches(r, step)]
 
-        start, lrs = ranks[0]["theta_0"], ranks[0]["lrs"]
+        def summed(step):
+            return [(inputs, targets, 1.0 / len(ranks[r]["batches"][step]))
+                    for r in range(len(ranks)) for inputs, targets in batches(r, step)]
+
+        def local(rank, step):
+            return [(inputs, targets, 1.0 / len(ranks[rank]["batches"][step]))
+                    for inputs, targets in batches(rank, step)]
+
+        total = ranks[0]["steps"]
+        # The samples of each rank's first steps, up to SHARED_CHECK_STEPS and within the
+        # first epoch (until a rank meets a sample it trained on before).
+        first_epoch = min(SHARED_CHECK_STEPS, *(_steps_before_a_repeat(steps["batches"])
+                                                 for steps in ranks))
+        trained_on = [{i for b in steps["batches"][:first_epoch] for batch in b
+                       for i in batch} for steps in ranks]
+        shared = {i for r, mine in enumerate(trained_on) for i in mine
+                  if any(i in theirs for theirs in trained_on[r + 1:])}
+        # Ranks that average their gradients end with the same optimizer state too (the
+        # momentum follows the gradients), even where parameters averaged after a step of
+        # their own would agree.
+        momentum = _flat_tensors(ranks[0]["optimizer_end"])
+        result = {"steps": total, "shared": len(shared), "shared_steps": first_epoch,
+                  "samples": [len(mine) for mine in trained_on],
+            "optimizer_end_gap": [_gap(_flat_tensors(steps["optimizer_end"]), momentum)
+                                  for steps in ranks]}
+        start = ranks[0]["snapshots"][0][1]
+        starts = [_distance(steps["snapshots"][0][1], start, scale=_norm(start))
+                  for steps in ranks]
+        worst = [0.0] * len(ranks)
+        segments = ranks[0]["snapshots"]
+        replayer = self.replayer()
         try:
-            averaged_k = self.replay(start, lrs, averaged)
-            summed_k = self.replay(start, lrs, lambda t: [batch(r, t) for r in range(len(ranks))])
-            local_k = [self.replay(first["theta_0"], first["lrs"],
-                                   lambda t, r=r: [batch(r, t)])
-                       for r, first in enumerate(ranks)]
+            for index, (first, theta, optimizer_state) in enumerate(segments):
+                last = segments[index + 1][0] if index + 1 < len(segments) else total
+                ends = [steps["snapshots"][index + 1][1] if index + 1 < len(segments)
+                        else steps["theta_end"] for steps in ranks]
+                lrs = ranks[0]["lrs"][first:last]
+                theta_avg, scale = replayer(theta, optimizer_state, lrs,
+                                            lambda t, f=first: averaged(f + t))
+                errors = [_distance(end, theta_avg, scale=scale) for end in ends]
+                if max(errors) > REPLAY_MATCH and any(
+                        len(averaged(step)) > 1 for step in range(first, last)):
+                    # Batches of unequal sizes: a job may weigh every sample alike instead.
+                    theta_avg, scale = replayer(theta, optimizer_state, lrs,
+                                                lambda t, f=first: union(f + t))
+                    errors = [min(e, _distance(end, theta_avg, scale=scale))
+                              for e, end in zip(errors, ends, strict=True)]
+                worst = [max(w, e) for w, e in zip(worst, errors, strict=True)]
+                if max(errors) <= REPLAY_MATCH:
+                    continue
+                theta_sum, sum_scale = replayer(theta, optimizer_state, lrs,
+                                                lambda t, f=first: summed(f + t))
+                mine = []
+                for r, steps in enumerate(ranks):
+                    _, own, own_state = steps["snapshots"][index]
+                    theta_own, own_scale = replayer(own, own_state, steps["lrs"][first:last],
+                                                    lambda t, f=first, r=r: local(r, f + t))
+                    mine.append(_distance(ends[r], theta_own, scale=own_scale))
+                result.update(segment=[first + 1, last], ranks=[{
+                    "start": starts[r], "averaged": errors[r],
+                    "summed": _distance(ends[r], theta_sum, scale=sum_scale),
+                    "local": mine[r]} for r in range(len(ranks))])
+                return result
         except Exception as error:
             return {"problem": f"the grader could not replay your training steps "
                                f"({type(error).__name__}: {error})."}
-        trained_on = [{i for b in first["batches"] for batch in b for i in batch}
-                      for first in ranks]
-        shared = {i for r, mine in enumerate(trained_on) for i in mine
-                  if any(i in theirs for theirs in trained_on[r + 1:])}
-        distances = [{
-            "start": _distance(first["theta_0"], start, start, relative_to_zero=True),
-            "averaged": _distance(first["theta_k"], averaged_k, start),
-            "summed": _distance(first["theta_k"], summed_k, start),
-            "local": _distance(first["theta_k"], local_k[r], first["theta_0"]),
-        } for r, first in enumerate(ranks)]
-        return {"steps": REPLAY_STEPS, "ranks": distances, "shared": len(shared),
-                "samples": [len(mine) for mine in trained_on]}
+        result["ranks"] = [{"start": starts[r], "averaged": worst[r], "summed": None,
+                            "local": None} for r in range(len(ranks))]
+        return result
 
-    def replay(self, theta_0, lrs, batches_of_step):
-        """The model's state after REPLAY_STEPS steps of a fresh optimizer of the script's
-        class, loaded with rank 0's state at the first step; the loss of a step is the sum
-        of F.cross_entropy (mean) over the ``(inputs, targets)`` of ``batches_of_step``."""
+    def replayer(self):
+        """``replay(theta, optimizer_state, lrs, batches_of_step) -> (state, step size)``:
+        the model's state after ``len(lrs)`` steps of an optimizer of the script's class
+        loaded with ``optimizer_state``, from ``theta``, and the size of one step (the
+        distance moved over the number of steps); the loss of a step is the sum of
+        weight x F.cross_entropy (mean) over the ``(inputs, targets, weight)`` of
+        ``batches_of_step(step)``.
+        One model and one optimizer serve every call: a replay of a segment loads both."""
         import torch
         import torch.nn.functional as F
 
         model = copy.deepcopy(self.model).to("cpu", torch.float32).train()
-        model.load_state_dict(theta_0)
         parameters = dict(model.named_parameters())
-        first = self.first_steps
         groups = [{"params": [parameters[name] for name in names]}
-                  for names in first["param_groups"]]
+                  for names in self.first_steps["param_groups"]]
+        lr = self.lrs[0][0] if self.lrs else 0.001
         try:
             optimizer = type(self.optimizer)(groups)
         except TypeError:  # an optimizer whose learning rate has no default
-            optimizer = type(self.optimizer)(groups, lr=lrs[0][0])
-        optimizer.load_state_dict(copy.deepcopy(first["optimizer_state"]))
-        for step in range(REPLAY_STEPS):
-            for group, lr in zip(optimizer.param_groups, lrs[step], strict=True):
-                group["lr"] = lr
-            optimizer.zero_grad()
-            loss = sum(F.cross_entropy(model(inputs), targets)
-                       for inputs, targets in batches_of_step(step))
-            loss.backward()
-            optimizer.step()
-        return _cpu_state(model)
+            optimizer = type(self.optimizer)(groups, lr=lr)
+
+        def replay(theta, optimizer_state, lrs, batches_of_step):
+            model.load_state_dict(theta)
+            start = _flat(theta)
+            # load_state_dict may keep the given tensors: give it copies, the snapshot stays.
+            optimizer.load_state_dict(_to_cpu(optimizer_state))
+            for step in range(len(lrs)):
+                for group, lr in zip(optimizer.param_groups, lrs[step], strict=True):
+                    group["lr"] = lr
+                optimizer.zero_grad()
+                loss = sum(weight * F.cross_entropy(model(inputs), targets)
+                           for inputs, targets, weight in batches_of_step(step))
+                loss.backward()
+                optimizer.step()
+            state = _cpu_state(model)
+            return state, (_flat(state) - start).norm().item() / max(len(lrs), 1)
+
+        return replay
 
     # -- the record ----------------------------------------------------------------------
 
@@ -567,20 +715,25 @@ class Recorder:
         return {"loss": losses, "correct": correct}
 
     def check_checkpoint(self, model):
-        """Whether the last thing saved into OUT_DIR loads into the plain model and holds
-        its final parameters."""
+        """Whether the last thing saved into OUT_DIR (by path, through a file object, or
+        under a temporary name renamed into OUT_DIR) loads into the plain model and holds
+        its final parameters. What was saved may be a dict holding the state dict, the
+        state dict itself, or the module."""
         import torch
 
-        if not self.saves:
+        saves = [data for path, data in self.saves if Path(path).is_relative_to(self.out_dir)]
+        if not saves:
             return {"saved": False}
         result = {"saved": True, "loads": False, "matches_final": False, "problem": ""}
         try:
-            saved = torch.load(io.BytesIO(self.saves[-1]), map_location="cpu",
+            saved = torch.load(io.BytesIO(saves[-1]), map_location="cpu",
                                weights_only=False)
         except Exception as error:
             result["problem"] = f"torch.load fails ({type(error).__name__}: {error})."
             return result
         state = None
+        if isinstance(saved, torch.nn.Module):
+            saved = saved.state_dict()
         if isinstance(saved, dict):
             state = next((saved[k] for k in ("model", "model_state_dict", "state_dict")
                           if isinstance(saved.get(k), dict)), None)
@@ -616,6 +769,8 @@ class Recorder:
             "lrs": [max(step) for step in self.lrs],
             "writes": sorted(set(self.writes)),
             "metric_lines": [line for line in self.stdout if METRIC_LINE.search(line)][:20],
+            "stderr_metric_lines": [line for line in self.stderr
+                                    if METRIC_LINE.search(line)][:20],
             "stdout": self.stdout[-50:],
             "model": {"found": False},
             "val_eval": {"error": "no model was found."},
@@ -629,7 +784,7 @@ class Recorder:
         record["val_eval"] = self.evaluate(model)
         record["checkpoint"] = self.check_checkpoint(model)
         if self.rank == 0 and self.error is None:
-            record["replay"] = (self.replay_first_steps() if self.model is not None
+            record["replay"] = (self.replay_steps() if self.model is not None
                                 else {"problem": (self.first_steps or {}).get(
                                     "problem", "the script made no optimizer step.")})
         return record
@@ -642,14 +797,70 @@ def _flat(state):
                       if state[k].is_floating_point()])
 
 
-def _distance(state, reference, start, relative_to_zero=False):
-    """``|state - reference|``, relative to ``|reference - start|`` (the replayed update),
-    or to ``|reference|`` when ``relative_to_zero``."""
+def _norm(state):
+    return _flat(state).norm().item()
+
+
+def _distance(state, reference, scale):
+    """``|state - reference| / scale``: 0 where both are equal, even at a scale of 0."""
     a, b = _flat(state), _flat(reference)
     if a.shape != b.shape:
         return float("inf")
-    scale = (b if relative_to_zero else b - _flat(start)).norm().item()
-    return (a - b).norm().item() / max(scale, 1e-30)
+    gap = (a - b).norm().item()
+    return gap / scale if scale > 0 else (0.0 if gap == 0 else float("inf"))
+
+
+def _steps_before_a_repeat(step_batches):
+    """How many of a rank's first steps hold no sample twice: its first epoch's steps."""
+    seen = set()
+    for step, batches in enumerate(step_batches):
+        samples = [i for batch in batches for i in batch]
+        if seen.intersection(samples):
+            return step
+        seen.update(samples)
+    return len(step_batches)
+
+
+def _flat_tensors(value):
+    """Every floating-point tensor in a nested state (an optimizer's state_dict), in one
+    float64 vector, in a fixed order."""
+    import torch
+
+    found = []
+
+    def walk(item):
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point():
+                found.append(item.detach().double().flatten())
+        elif isinstance(item, dict):
+            for key in sorted(item, key=str):
+                walk(item[key])
+        elif isinstance(item, (list, tuple)):
+            for element in item:
+                walk(element)
+
+    walk(value)
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.float64)
+
+
+def _gap(a, b):
+    """The largest elementwise difference of two vectors, relative to 1 + |b|."""
+    if a.shape != b.shape:
+        return float("inf")
+    return ((a - b).abs() / (1 + b.abs())).max().item() if len(a) else 0.0
+
+
+def _to_cpu(value):
+    """An optimizer's state_dict with every tensor copied to the CPU."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def _params_b64(model):

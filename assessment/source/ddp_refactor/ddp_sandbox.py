@@ -163,10 +163,11 @@ def job_environment(source, scratch, path_dirs):
 def _data_package():
     """The folder of the package whose module DDP_RECORDER_DATA_MODULE names (the
     workshop's own exercise: its script imports it too), to be readable in the sandbox;
-    None for digits_data."""
+    for digits_data, the course's library (workshop_lib), which a learner's script may
+    use too (checkpoint.save_atomic), or None where it is not installed."""
     name = os.environ.get("DDP_RECORDER_DATA_MODULE", "digits_data").partition(".")[0]
     if name == "digits_data":
-        return None
+        name = "workshop_lib"
     import importlib.util
 
     spec = importlib.util.find_spec(name)
