@@ -634,6 +634,25 @@ def test_a_fixed_job_must_report_its_saved_models_accuracy_and_have_learned(job,
         assert not verdict.ok and reason in verdict.reason, (checkpoint, verdict.reason)
 
 
+def test_the_debugging_copy_guard_ignores_docstrings_and_comments(monkeypatch, tmp_path):
+    """The first job's fix with only its docstrings reworded and a comment added is still
+    the first job's fix: refused without a launch; a change to the code is not a copy."""
+    from workshop_lib.labs import when_things_go_wrong as debugging
+
+    def no_launch(*_, **__):
+        raise AssertionError("launched a copy the check must refuse")
+
+    monkeypatch.setattr(debugging, "run_job", no_launch)
+    reworded = debugging.with_words_changed(
+        debugging.copy("debugging_solution.py", tmp_path / "my_debug_eval_job.py"))
+    original = (FILES / "debugging_solution.py").read_text()
+    assert reworded.read_text() != original and "Reworded" in reworded.read_text()
+    assert debugging.same_code(reworded.read_text(), original)
+    verdict = EXERCISES["eval_debugging"].check(reworded)
+    assert not verdict.ok and "the first job's fix" in verdict.reason, verdict.reason
+    assert not debugging.same_code(original.replace("lr=0.05", "lr=0.04"), original)
+
+
 @pytest.mark.slow
 def test_from_scratch_refuses_a_class_that_hands_the_model_to_torchs_ddp(tmp_path):
     """It trains exactly as DDP does (the old check passed it at 0.0): the job sees the

@@ -4,14 +4,22 @@ emptied first (notebook.fresh, required of every launch below), and a restart re
 from its own job's checkpoint (checkpoint.from_job, tests/test_checkpoint_and_scaling.py),
 so the second execution is not run here."""
 import ast
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from conftest import REPO, execute_notebook, notebook_text_outputs
 from workshop_lib import notebook as notebook_helpers
-from workshop_lib import runlog
+from workshop_lib import runlog, stacks
 from workshop_lib.findings import when_things_go_wrong as nb04
 from workshop_lib.labs import when_things_go_wrong
 
@@ -91,7 +99,8 @@ def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(execu
     assert "Detected mismatch between collectives" in text, "TORCH_DISTRIBUTED_DEBUG=DETAIL"
     assert "PASS: the job finishes" in text
     dump = plain(text)
-    for rank, line in when_things_go_wrong.WAITS.items():  # the answer is what py-spy showed
+    assert "most recent call first" in dump, "each rank wrote its own stack: no tracer"
+    for rank, line in when_things_go_wrong.WAITS.items():  # the answer is what the dump showed
         assert f"(debug_job.py:{when_things_go_wrong.line_of(line)})" in dump, (rank, line)
 
 
@@ -103,12 +112,13 @@ def test_the_second_job_hangs_in_ddps_buffer_broadcast_and_its_fix_passes(execut
     debugging = when_things_go_wrong
     forward = debugging.line_of(debugging.EVAL_WAITS[0], debugging.EVAL_STUB)
     barrier = debugging.line_of(debugging.EVAL_WAITS[1], debugging.EVAL_STUB)
-    dump = plain(text)[plain(text).index("debug_eval_job.py --out"):]
+    dump = plain(text)[plain(text).rindex("===== rank 0"):]  # the second job's, the last
     assert f"evaluate (debug_eval_job.py:{forward})" in dump
     assert f"main (debug_eval_job.py:{barrier})" in dump
-    frames = ["._distributed_broadcast_coalesced (", "._default_broadcast_coalesced (",
-              "._sync_module_buffers (", "._sync_buffers (", "._pre_forward (", ".forward (",
-              f"evaluate (debug_eval_job.py:{forward})"]
+    frames = [f"\n    {function} (" for function in (
+        "_distributed_broadcast_coalesced", "_default_broadcast_coalesced",
+        "_sync_module_buffers", "_sync_buffers", "_pre_forward", "forward")]
+    frames.append(f"evaluate (debug_eval_job.py:{forward})")
     at = [dump.index(frame) for frame in frames]
     assert at == sorted(at), "the frames the notebook names, in the dump's order, top first"
     assert f"PASS: rank 0 waits in line {forward} (logits = model(x))" in text
@@ -117,7 +127,7 @@ def test_the_second_job_hangs_in_ddps_buffer_broadcast_and_its_fix_passes(execut
 
 
 def plain(text):
-    """Text without the terminal's colour codes (py-spy prints some)."""
+    """Text without the terminal's colour codes (py-spy, where it serves, prints some)."""
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
@@ -129,3 +139,138 @@ def test_summary_is_computed_and_torchrun_internals_stay_out(executions):
     assert "ChildFailedError" not in text, "torchrun's traceback wall stays in the log folder"
     assert "rank 1 failed first" in text, "the summary names the rank that failed first"
     assert "[rank 1]" in text, "the other ranks' lines are tagged"
+
+
+# Stack dumps without a tracer (workshop_lib/stacks.py): a learner account may have no
+# ptrace rights (Ubuntu's kernel.yama.ptrace_scope=1, a container without SYS_PTRACE).
+
+SLEEPER = """
+import time
+import workshop_lib  # sets up the rank's own stack dump (RANK and the folder are set)
+def wait_here():
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.1)
+wait_here()
+"""
+
+
+def test_a_rank_dumps_its_own_stack_on_a_signal_and_a_process_without_it_is_never_signalled(
+        tmp_path, monkeypatch):
+    folder = tmp_path / "stacks"
+    env = {**os.environ, "RANK": "0", stacks.ENV: str(folder)}
+    rank = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert rank.stdout.readline().strip() == "ready"
+        monkeypatch.setattr(stacks, "py_spy", lambda pid: f"py-spy asked for {pid}")
+        dumped = stacks.dump({0: rank.pid, 1: bare.pid}, folder)
+        called_at = SLEEPER.splitlines().index("wait_here()") + 1
+        assert re.search(r"^    wait_here \(<string>:\d+\)$", dumped[0], re.M), dumped[0]
+        assert f"<module> (<string>:{called_at})" in dumped[0]
+        assert dumped[0].index("wait_here") < dumped[0].index("<module>"), "innermost first"
+        assert dumped[1] == f"py-spy asked for {bare.pid}", "no dump file: never signalled"
+        assert rank.poll() is None and bare.poll() is None, "both still running"
+        again = stacks.dump({0: rank.pid}, folder)[0]
+        assert again.count("wait_here (") == 1, "each dump reads only what the rank added"
+    finally:
+        rank.kill()
+        bare.kill()
+
+
+def test_faulthandlers_dump_reads_as_py_spys():
+    text = ('Current thread 0x00007f63 (most recent call first):\n'
+            f'  File "{sysconfig.get_paths()["purelib"]}/torch/distributed/'
+            'distributed_c10d.py", line 3913 in all_reduce\n'
+            '  File "/elsewhere/debug_job.py", line 65 in main\n')
+    assert stacks.readable(text) == ("Current thread 0x00007f63 (most recent call first):\n"
+                                     "    all_reduce (torch/distributed/distributed_c10d.py:3913)\n"
+                                     "    main (/elsewhere/debug_job.py:65)\n")
+
+
+LEARNER_DUMP = """
+import contextlib, io, json, re
+from workshop_lib import labs, launch, stacks
+assert stacks.py_spy_path() is None, "this account has no py-spy"
+script = labs.get("debugging").stub(path="debug_job.py")
+job = launch.start([str(script), "--out", "out", "--dist-timeout", "60"], nproc=2,
+                   env={"CUDA_VISIBLE_DEVICES": ""}, quiet=True)
+try:  # the notebook's steps
+    assert job.wait_until_stuck(timeout=240), "the ranks never stopped"
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        job.dump_stacks()
+finally:
+    job.stop()
+dump = shown.getvalue()
+ranks = re.split(r"===== rank (\\d) \\(pid \\d+\\) =====", dump)[1:]
+frames = {int(r): re.findall(r"^ +(\\w+) \\((.*?):(\\d+)\\)$", t, re.M)
+          for r, t in zip(ranks[::2], ranks[1::2])}
+answer = {r: next(int(n) for _, file, n in f if file == "debug_job.py")
+          for r, f in frames.items()}
+verdict = labs.get("stuck_ranks").check(answer)
+print(json.dumps({"dump": dump, "answer": answer, "ok": verdict.ok, "reason": verdict.reason}))
+"""
+
+
+@pytest.fixture
+def learner_account():
+    """A throw-away account with no rights beyond its own folder, and a Python that sees
+    the course (its own venv, no py-spy in it or on its PATH): (user, python, folder)."""
+    python = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    why = ("creates an account: needs root" if os.geteuid() != 0
+           else "needs useradd and runuser (passwd, util-linux)"
+           if not (shutil.which("useradd") and shutil.which("runuser"))
+           else f"needs {python} (the system's Python of the course's version)"
+           if not python.exists() else None)
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    blocked = [p for p in (site_packages, *site_packages.parents, REPO, *REPO.parents)
+               if not p.stat().st_mode & 0o005]
+    if why is None and blocked:
+        why = f"{blocked[0]} is not readable by other accounts"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI, {why}")
+        pytest.skip(why)
+    base = Path(tempfile.mkdtemp(prefix="learner-stacks-"))
+    base.chmod(0o755)
+    user = f"ws-stacks-{os.getpid()}"
+    try:
+        subprocess.run([str(python), "-m", "venv", "--without-pip", str(base / "venv")],
+                       check=True)
+        venv_site = next((base / "venv" / "lib").glob("python*/site-packages"))
+        (venv_site / "course.pth").write_text(f"{site_packages}\n{REPO}\n")
+        torchrun = base / "venv" / "bin" / "torchrun"
+        torchrun.write_text(f"#!{base}/venv/bin/python\nimport sys\n"
+                            "from torch.distributed.run import main\nsys.exit(main())\n")
+        torchrun.chmod(0o755)
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", user], check=True)
+        work = base / "work"
+        work.mkdir()
+        shutil.chown(work, user)
+        yield user, base / "venv" / "bin" / "python", work
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_learner_account_without_py_spy_reads_the_stuck_ranks_and_answers_from_it(
+        learner_account):
+    """The notebook's steps (write debug_job.py, start it, dump_stacks) as an ordinary
+    account with no py-spy at all: each rank's stack comes from the rank itself, and the
+    line of debug_job.py read from it passes stuck_ranks."""
+    user, python, work = learner_account
+    (work / "dump.py").write_text(LEARNER_DUMP)
+    done = subprocess.run(["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
+                           f"HOME={work}", "OMP_NUM_THREADS=1", str(python), "dump.py"],
+                          cwd=work, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["ok"], said
+    assert "most recent call first" in said["dump"], "the ranks' own dumps, not py-spy's"
+    expected = {str(rank): when_things_go_wrong.line_of(line)
+                for rank, line in when_things_go_wrong.WAITS.items()}
+    assert said["answer"] == expected

@@ -28,6 +28,7 @@ The machine, and processes
 - ``distributed``    joining and leaving process groups; job ids; free ports
 - ``gloo_exit``      waits for gloo's threads before Python exits (registered on import)
 - ``launch``         a torchrun launcher with rank-tagged output and a failure summary
+- ``stacks``         each rank dumps its own Python stack on a signal: no tracer needed
 - ``nodes``          several torchrun agents as the nodes of one job (notebook 06)
 - ``sweep``          many runs in one command: one device, one per GPU, or one launch
 - ``doctor``         ``python -m workshop_lib doctor``: what this machine will do
@@ -71,4 +72,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # A process that used DDP over gloo can abort while Python shuts down (PyTorch issue
 # 190489; see gloo_exit). Registered here, in the package's first import, so that every
 # script that imports anything of the course is covered, a learner's included.
-from workshop_lib import gloo_exit  # noqa: E402, F401
+# A rank of a job started by workshop_lib.launch writes its own stack to a file on a signal
+# (stacks.py), so a learner without ptrace rights can still see where a stuck job waits.
+from workshop_lib import gloo_exit, stacks  # noqa: E402, F401
+
+stacks.enable_from_env()

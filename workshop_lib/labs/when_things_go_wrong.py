@@ -140,11 +140,37 @@ def check_eval(path):
 
 
 def same_code(text, other):
-    """Whether two scripts are the same code, whatever their comments and layout."""
+    """Whether two scripts are the same code, whatever their comments, docstrings and
+    layout."""
     try:
-        return ast.dump(ast.parse(text)) == ast.dump(ast.parse(other))
+        return ast.dump(code_only(text)) == ast.dump(code_only(other))
     except SyntaxError:
         return False
+
+
+def code_only(text):
+    """The script's syntax tree without its docstrings or any other statement that is only a
+    string: like comments, they change nothing the script does."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [statement for statement in body if not (
+                isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+                and isinstance(statement.value.value, str))]
+            node.body = kept or [ast.Pass()]
+    return tree
+
+
+def with_words_changed(path):
+    """``path``'s script with its docstrings reworded and a comment added (a copy that
+    changes only what the code says, not what it does); returns ``path``."""
+    path = Path(path)
+    text = path.read_text().replace('"""', '"""Reworded: ', 1)
+    text = text.replace("    dist.init_process_group(", "    # set up the group\n"
+                                                       "    dist.init_process_group(", 1)
+    path.write_text(text.replace('"""[', '"""Reworded: [', 1))
+    return path
 
 
 def wraps_in_ddp(text):
@@ -236,16 +262,17 @@ def check_stuck_ranks(answer):
                          f"{rank}'s stack shows it waiting in")
         elif named is None:
             wrong.append(f"rank {rank}: {answer[rank]!r} names no single collective of "
-                         f"debug_job.py (give the line number py-spy shows for the frame in "
-                         f"debug_job.py, or that line's code)")
+                         f"debug_job.py (give the line number the stack dump shows for the "
+                         f"frame in debug_job.py, or that line's code)")
         elif named not in expected:
             wrong.append(f"rank {rank} is not waiting in {named}: read its frame in "
                          f"debug_job.py again (the innermost one in the script)")
     if wrong:
         return Verdict(False, "; ".join(wrong))
-    return Verdict(True, f"rank 0 waits in line {line_of(WAITS[0])} ({WAITS[0]}), rank 1 in "
-                         f"line {line_of(WAITS[1])} ({WAITS[1]}): two different collectives, so "
-                         f"neither ever completes; next, find why")
+    # The lines by number only: their code is the fix's first clue, for the learner to read.
+    return Verdict(True, f"rank 0 waits in line {line_of(WAITS[0])}, rank 1 in line "
+                         f"{line_of(WAITS[1])}: two different collectives, so neither ever "
+                         f"completes; next, find why")
 
 
 # Where each rank of files/eval_debugging_stub.py waits at the end of its first epoch: rank
@@ -288,7 +315,8 @@ def check_eval_stuck(answer):
                          f"shows it waiting in")
         elif not named:
             wrong.append(f"rank {rank}: {said!r} names no line of code in {EVAL_JOB} (give the "
-                         f"line number py-spy shows for the frame in {EVAL_JOB}, or its code)")
+                         f"line number the stack dump shows for the frame in {EVAL_JOB}, or "
+                         f"its code)")
         elif len(named) > 1:
             wrong.append(f"rank {rank}: {said!r} is on lines {', '.join(map(str, named))} of "
                          f"{EVAL_JOB}: give the line number, or the whole line")
@@ -335,7 +363,10 @@ register(Exercise("debugging", "04_when_things_go_wrong", "find and fix a hangin
                   solution=lambda path=None: copy("debugging_solution.py", path),
                   stub_reason="still fails",
                   earlier_runs=lambda path=None: [copy("debugging_stub.py", path),
-                                                  mismatch_script(path)]))
+                                                  mismatch_script(path)],
+                  refused=lambda path=None: [
+                      (with_words_changed(copy("debugging_stub.py", path)),
+                       "still the job the notebook ran above")]))
 
 
 register(Exercise("eval_stuck", "04_when_things_go_wrong", "say where each rank of a second "
@@ -362,4 +393,11 @@ register(Exercise("eval_debugging", "04_when_things_go_wrong", "find and fix a j
                   earlier_runs=lambda path=None: [
                       copy(EVAL_STUB, path, "my_debug_eval_job.py"),
                       copy("debugging_solution.py", path, "my_debug_eval_job.py"),
-                      copy("debugging_stub.py", path, "my_debug_eval_job.py")]))
+                      copy("debugging_stub.py", path, "my_debug_eval_job.py")],
+                  # the first job's fix with only its words changed is still that fix
+                  refused=lambda path=None: [
+                      (with_words_changed(copy("debugging_solution.py", path,
+                                               "my_debug_eval_job.py")),
+                       "the first job's fix"),
+                      (with_words_changed(copy(EVAL_STUB, path, "my_debug_eval_job.py")),
+                       f"still the job the notebook ran above ({EVAL_JOB})")]))

@@ -13,7 +13,8 @@ first, with what error and exit code, and how many restarts were used.
 
 From Python (notebooks): ``result = launch.run(["-m", "workshop_lib.train_ddp", ...])``;
 ``launch.start`` returns the running job, whose ``dump_stacks()`` prints each rank's Python
-stack while it seems stuck (py-spy). torchrun's internal tracebacks go to a log folder.
+stack while it seems stuck (each rank writes its own on a signal: ``stacks.py``).
+torchrun's internal tracebacks go to a log folder.
 A rank that stops calling collectives becomes an error once the others' next collective
 times out (``--dist-timeout``); ``faults.py`` makes a rank fail on purpose to show each
 case (notebook 04, ``tests/test_reliability.py``).
@@ -32,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib import hardware
+from workshop_lib import hardware, stacks
 from workshop_lib.errors import CourseError
 
 # torchrun keeps one key-value store for all restarts of a job by default; a restarted
@@ -217,8 +218,10 @@ class Job:
         self.rank_of = rank_of
         self.output = [] if output is None else output
         self.started = time.monotonic()
+        self.stacks_dir = Path(log_dir) / "stacks"  # where each rank dumps its own stack
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, env=env,
+                                        stderr=subprocess.STDOUT,
+                                        env={**env, stacks.ENV: str(self.stacks_dir)},
                                         start_new_session=True)
         self.logs = _RankLogs(log_dir, self.echo, rank_of)
         self.torchrun_output = []
@@ -249,19 +252,32 @@ class Job:
         return dict(sorted(pids.items()))
 
     def dump_stacks(self):
-        """Print where every rank's Python code is now (``py-spy dump``), rank by rank."""
+        """Print where every rank's Python code is now, rank by rank, innermost frame first:
+        each rank of a course job writes its own stack on a signal (``stacks.py``), which
+        needs no ptrace rights; py-spy serves only a process that does not."""
         self.logs.poll()
         pids = self.worker_pids()
         if not pids:
             print("no rank is running (the job ended, or has not started its processes yet)")
-        for rank, pid in pids.items():
-            dump = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump",
-                                   "--pid", str(pid)], capture_output=True, text=True)
-            text = dump.stdout if dump.returncode == 0 else (
-                f"py-spy could not read it ({dump.stderr.strip().splitlines()[-1:]}); on "
-                f"Linux it needs permission to trace the process: run it with sudo, or set "
-                f"/proc/sys/kernel/yama/ptrace_scope to 0")
-            print(f"===== rank {rank} (pid {pid}) =====\n{text}")
+        for rank, text in stacks.dump(pids, self.stacks_dir).items():
+            print(f"===== rank {rank} (pid {pids[rank]}) =====\n{text}")
+
+    def wait_until_stuck(self, timeout=90, looks=3, every_s=1.0):
+        """Wait until every rank's stack has stayed the same for ``looks`` looks ``every_s``
+        apart: the ranks wait somewhere (a busy rank's stack keeps changing), and each has
+        set up its own dump (a rank still importing has not). True then; False when the
+        job ended or ``timeout`` seconds passed first."""
+        deadline, seen = time.monotonic() + timeout, []
+        while time.monotonic() < deadline and self.process.poll() is None:
+            self.logs.poll()
+            pids = self.worker_pids()
+            ready = pids and all(stacks.dump_file(self.stacks_dir, rank, pid).is_file()
+                                 for rank, pid in pids.items())
+            seen = [*seen, stacks.dump(pids, self.stacks_dir)][-looks:] if ready else []
+            if len(seen) == looks and all(look == seen[0] for look in seen):
+                return True
+            time.sleep(every_s)
+        return False
 
     def wait(self, timeout=None):
         """Show the output until the job ends (or ``timeout`` seconds after its start, when
