@@ -171,8 +171,10 @@ def attacked(tmp_path_factory):
     (alice / SCRIPT).write_text(ATTACK.format(course=str(course), home=str(Path.home()),
                                               mark=mark))
     checks = load_checks(alice)
-    settings = [str(HIDDEN["seed"]), str(HIDDEN["lr"]), f"--batch-size {HIDDEN['batch_size']}"]
-    watch = CommandLineWatch(settings, "torch.distributed.run")
+    checks_before = (course / "source" / "ddp_refactor" / "ddp_checks.py").read_bytes()
+    settings = [str(HIDDEN["seed"]), f"--lr {HIDDEN['lr']}", f"--lr={HIDDEN['lr']}"]
+    # The job's command lines name its settings file (not what is in it).
+    watch = CommandLineWatch(settings, str(alice / "grading_run" / "settings.json"))
     previous = os.getcwd()
     environ = dict(os.environ)
     os.environ.update(JUPYTERHUB_API_TOKEN=TOKEN, NBGRADER_EXECUTION="autograde",
@@ -190,7 +192,8 @@ def attacked(tmp_path_factory):
         os.environ.update(environ)
     left = processes_with(mark)
     seen_file = run.out_dir / "seen.json"
-    yield {"run": run, "course": course, "alice": alice, "mark": mark, "watch": watch,
+    yield {"run": run, "course": course, "checks_before": checks_before, "mark": mark,
+           "watch": watch,
            "left": left, "seen": json.loads(seen_file.read_text()) if seen_file.is_file()
            else None}
     for escaped in (course / f"escape-{mark}", Path.home() / f"escape-{mark}"):
@@ -220,7 +223,7 @@ def test_the_job_reads_and_writes_nothing_outside_its_scratch_copy(attacked):
     assert not (course / f"escape-{attacked['mark']}").exists()
     assert not (Path.home() / f"escape-{attacked['mark']}").exists()
     checks_file = course / "source" / "ddp_refactor" / "ddp_checks.py"
-    assert checks_file.read_bytes() == (SOURCE / "ddp_checks.py").read_bytes()
+    assert checks_file.read_bytes() == attacked["checks_before"]
 
 
 def test_the_job_sees_no_token_and_no_grader_identity(attacked):
