@@ -115,7 +115,9 @@ bench: setup
 # The class server: JupyterHub with a learner account per learner, nbgrader's exchange and
 # the formgrader, everything in CLASS_DIR (deploy/classroom/README.md: the class day, sizing,
 # GPUs through SLURM). Run as root; CLASS_ARGS adds `classroom.py init` options, e.g.
-#   make classroom CLASS_LEARNERS=30 CLASS_ARGS="--ip 0.0.0.0 --instructors alice bob"
+#   make classroom CLASS_LEARNERS=30 CLASS_ARGS="--ip 0.0.0.0 --self-signed class.example.org --instructors alice"
+# (HTTPS with a certificate made for that name; each learner's own password is on the
+# hand-out sheet CLASS_DIR/secrets/handout.txt).
 CLASS_DIR ?= /srv/ddp-workshop
 CLASS_LEARNERS ?= 30
 CLASS_PREFIX ?= learner

@@ -86,14 +86,16 @@ def missing():
 
 class Cluster:
     """``nodes`` nodes (node0, node1, ...: slurmds on this machine) of ``cpus`` CPUs and
-    ``gpus`` fake GPUs each, in one partition; a context manager."""
+    ``gpus`` fake GPUs each (and ``memory_mb`` of memory, for jobs that ask for some), in one
+    partition; a context manager."""
 
-    def __init__(self, folder, nodes=1, cpus=None, gpus=0):
+    def __init__(self, folder, nodes=1, cpus=None, gpus=0, memory_mb=None):
         self.folder = Path(folder)
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [f"node{i}" for i in range(nodes)]
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.gpus = gpus
+        self.memory_mb = memory_mb
         self.env = {**os.environ, "SLURM_CONF": str(self.folder / "slurm.conf")}
         self.daemons = {}
         self.munge = None
@@ -118,6 +120,8 @@ class Cluster:
         subprocess.run(["mungekey", "--create", f"--keyfile={munge / 'munge.key'}"],
                        check=True, capture_output=True)
         gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        if self.memory_mb:
+            gres += f" RealMemory={self.memory_mb}"
         nodes = "\n".join(NODE.format(i=i, host=self.host, port=free_port(), cpus=self.cpus,
                                       gres=gres) for i in range(len(self.nodes)))
         (self.folder / "slurm.conf").write_text(SLURM_CONF.format(

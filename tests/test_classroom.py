@@ -14,7 +14,14 @@ through their own account and token:
 - the instructor collects, autogrades and releases feedback through the formgrader; the
   gradebook and the grader's `make grades` agree; each learner fetches their feedback;
 - every file in the homes and the exchange belongs to its learner, and a learner cannot
-  list the others' submissions, read another home or the grader's course folder.
+  list the others' submissions, read another home or the grader's course folder;
+- the class's intrusion test, from learner accounts over HTTP and in the shell: another's
+  password, a class password, squatting the exchange, a forged submission, another's
+  kernel, a page planted in ~/.local/share/jupyter/labextensions opened by the instructor
+  in Chromium, memory, processes and file size past the limits, plain HTTP off the
+  loopback: each blocked, one line each.
+
+The hub serves HTTPS with a self-signed certificate the kit made (--self-signed).
 
 The SLURM variant runs the same hub with batchspawner on a one-node test SLURM with two fake
 GPUs (tests/slurm.py): two learners' servers run as their jobs with disjoint
@@ -24,6 +31,8 @@ Needs root (accounts), Debian's python3.11, npm, sudo, Chromium, SLURM and munge
 installs them); without them it is skipped, saying why, except under CI, where that fails.
 The accounts it creates have a unique prefix and are removed at the end, with the folder.
 """
+import argparse
+import asyncio
 import csv
 import importlib.util
 import json
@@ -34,6 +43,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import ssl
 import stat
 import subprocess
 import sys
@@ -42,6 +52,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -50,6 +61,8 @@ import pytest
 import slurm
 from nbgrader.api import Gradebook
 from test_browser import CHROMIUM, CHROMIUM_ARGS
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 from conftest import REPO, free_port
 
@@ -72,6 +85,9 @@ INSTRUCTOR_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-
 HUB_START_S = 180
 SERVER_START_S = 180
 AUTOGRADE_S = 600
+# The limits the test's class runs under: low, so that going past them is quick here.
+LIMITS = {"--memory-limit": "2G", "--nproc-limit": "150", "--file-size-limit": "64M"}
+PLANTED = "classroom-planted"  # the labextension a learner writes into their home
 
 
 def missing():
@@ -139,7 +155,10 @@ class Hub:
     def __init__(self, state, serve_command, log_path):
         self.state = state
         self.settings = json.loads((state / "class.json").read_text())
-        self.url = f"http://127.0.0.1:{self.settings['port']}"
+        self.tls = None
+        if self.settings.get("ssl_cert"):
+            self.tls = ssl.create_default_context(cafile=self.settings["ssl_cert"])
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.settings['port']}"
         self.log_path = log_path
         # As from a shell's background job (`make classroom &`, nohup): SIGINT ignored.
         with open(log_path, "w") as log:
@@ -172,7 +191,7 @@ class Hub:
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.tls) as response:
                 status, text = response.status, response.read().decode()
         except urllib.error.HTTPError as error:
             status, text = error.code, error.read().decode(errors="replace")
@@ -257,7 +276,8 @@ def classroom(request):
         init_args = ["--grader", accounts.grader, "--instructors", accounts.instructor,
                      "--port", str(free_port()), "--hub-port", str(free_port()),
                      "--proxy-api-port", str(free_port()),
-                     "--formgrader-port", str(free_port())]
+                     "--formgrader-port", str(free_port()), "--self-signed", "127.0.0.1",
+                     *[part for pair in LIMITS.items() for part in pair]]
         env, init, add_accounts, serve = make_classroom(state, accounts, init_args)
         start = time.monotonic()
         run_step(env)
@@ -277,8 +297,13 @@ def classroom(request):
 
 
 def passwords(state):
-    return {name: (state / "secrets" / name).read_text().strip()
-            for name in ("class_password", "instructor_password")}
+    """The instructors' password and each learner's (the kit's hand-out, root's only)."""
+    found = {"instructor_password": (state / "secrets" / "instructor_password").read_text()
+             .strip()}
+    for line in (state / "secrets" / "learner_passwords").read_text().splitlines():
+        name, word = line.split(" ", 1)
+        found[name] = word
+    return found
 
 
 def grade_id(cell):
@@ -330,7 +355,8 @@ def browser_learner_sees_the_assignment(hub, user, password, screenshot):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM),
                                              args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page = browser.new_page(viewport={"width": 1400, "height": 900},
+                                ignore_https_errors=True)  # the self-signed certificate
         try:
             page.goto(f"{hub.url}/hub/login")
             page.fill("#username_input", user)
@@ -357,6 +383,229 @@ def browser_learner_sees_the_assignment(hub, user, password, screenshot):
             browser.close()
 
 
+def learner_shell(state, user, script, timeout=120):
+    """``script`` in bash as ``user`` in their home, with the class's environment and
+    learner settings (as their JupyterLab's terminal has them)."""
+    return subprocess.run(
+        ["sudo", "-u", user, "-H", "env", f"PATH={state / 'env' / 'bin'}:/usr/bin:/bin",
+         f"JUPYTER_CONFIG_PATH={state / 'config' / 'learner'}", "bash", "-c",
+         f"cd && {script}"], capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def squat_the_exchange(state, learner):
+    """The course's exchange folders are the grader's before any learner exists: a learner
+    can neither take them over nor put a release of their own beside the instructor's."""
+    course = state / "exchange" / COURSE_ID
+    tries = {
+        "squat the exchange: replace the course's folder": f"mv {course} {course}.x",
+        "squat the exchange: put a release in outbound": f"mkdir {course}/outbound/{ASSIGNMENT}2",
+        "squat the exchange: make another course's outbound": f"mkdir -p {course}/outbound2",
+    }
+    return {what: learner_shell(state, learner, command).returncode != 0
+            for what, command in tries.items()}
+
+
+def forge_submission(state, forger, victim):
+    """`nbgrader submit --student=VICTIM`, in the forger's own terminal."""
+    return learner_shell(state, forger, f"nbgrader submit {ASSIGNMENT} --course {COURSE_ID} "
+                                        f"--student={victim}")
+
+
+def run_cell(hub, user, token, kernel_id, code, timeout=120):
+    """Run ``code`` in a kernel of the learner's server over its websocket, as JupyterLab
+    does; the text the cell printed or raised."""
+    scheme = "wss" if hub.tls else "ws"
+    url = (f"{scheme}://127.0.0.1:{hub.settings['port']}/user/{user}/api/kernels/"
+           f"{kernel_id}/channels")
+
+    async def session():
+        connection = await websocket_connect(HTTPRequest(
+            url, headers={"Authorization": f"token {token}"}, ssl_options=hub.tls,
+            request_timeout=timeout))
+        msg_id = uuid.uuid4().hex
+        connection.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user,
+                       "session": uuid.uuid4().hex, "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False,
+                        "stop_on_error": True}}))
+        said = []
+        while True:
+            message = await connection.read_message()
+            if message is None:
+                return "".join(said) + "[the kernel's connection closed]"
+            message = json.loads(message)
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                said.append(content["text"])
+            elif kind == "error":
+                said.append(f"{content['ename']}: {content['evalue']}")
+            elif kind == "status" and content["execution_state"] == "idle":
+                connection.close()
+                return "".join(said)
+
+    return asyncio.run(asyncio.wait_for(session(), timeout + 10))
+
+
+def start_kernel(hub, user, token):
+    return hub.ok("POST", f"/user/{user}/api/kernels", token, json_body={})["id"]
+
+
+# Run as the other learner: subscribe to every TCP port and ipc socket of a kernel, and
+# count what arrives while the kernel's owner runs a cell.
+EAVESDROP = """
+import sys, time, zmq
+context = zmq.Context()
+sockets = []
+for address in sys.argv[1:]:
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(address)
+    sockets.append(sub)
+poller = zmq.Poller()
+for sub in sockets:
+    poller.register(sub, zmq.POLLIN)
+heard, deadline = [], time.monotonic() + 12
+while time.monotonic() < deadline:
+    for sub, _ in poller.poll(500):
+        heard.append(b"".join(sub.recv_multipart()))
+print(len(heard), any(b"kernel-secret" in message for message in heard))
+"""
+
+
+def kernel_attacks(hub, state, owner, token, other):
+    """Another learner tries to read a kernel of ``owner`` while it runs a cell: its
+    channels are ipc sockets in a folder only ``owner`` enters; the one TCP port ipykernel
+    still opens (the pipe its forked children write into, PULL only) sends nothing."""
+    kernel_id = start_kernel(hub, owner, token)
+    assert "ok" in run_cell(hub, owner, token, kernel_id, "print('ok')")
+    process = next(p for p in psutil.process_iter(["username", "cmdline"])
+                   if p.info["username"] == owner
+                   and any(f"kernel-{kernel_id}.json" in part for part in p.info["cmdline"]))
+    connection_file = Path(next(part for part in process.info["cmdline"]
+                                if part.endswith(f"kernel-{kernel_id}.json")))
+    info = json.loads(connection_file.read_text())
+    iopub = f"{info['ip']}-{info['iopub_port']}"
+    tcp_ports = [c.laddr.port for c in process.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    addresses = [f"tcp://127.0.0.1:{port}" for port in tcp_ports] + [f"ipc://{iopub}"]
+    eavesdropper = subprocess.Popen(
+        ["sudo", "-u", other, "-H", str(state / "env" / "bin" / "python"), "-c", EAVESDROP,
+         *addresses], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    time.sleep(4)  # subscribed before the cell runs
+    run_cell(hub, owner, token, kernel_id, "print('kernel-secret')")
+    heard, _ = eavesdropper.communicate(timeout=60)
+    connect = (f"python -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+               f"s.connect('{iopub}')\"")
+    blocked = {
+        "subscribe to another's kernel (its TCP ports and IOPub)": (
+            info["transport"] == "ipc" and heard.split() == ["0", "False"]),
+        "connect to another's kernel's IOPub socket": (
+            learner_shell(state, other, connect).returncode != 0),
+        "list another's kernel runtime folder": (
+            learner_shell(state, other, f"ls {connection_file.parent}").returncode != 0),
+    }
+    hub.ok("DELETE", f"/user/{owner}/api/kernels/{kernel_id}", token)
+    assert len(iopub) < 107, iopub
+    return blocked
+
+
+def instructor_opens(hub, instructor, password, url, screenshot):
+    """The instructor, logged in through the hub's page in Chromium, opens ``url``; the
+    page's title after its scripts had their chance."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM),
+                                             args=CHROMIUM_ARGS)
+        page = browser.new_page(ignore_https_errors=True)
+        try:
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", instructor)
+            page.fill("#password_input", password)
+            page.click("#login_submit")
+            page.wait_for_url(re.compile(rf"/services/{COURSE_ID}/"), timeout=120_000)
+            page.goto(url)
+            page.wait_for_timeout(3000)
+            page.screenshot(path=str(screenshot))
+            return page.title()
+        finally:
+            browser.close()
+
+
+def planted_page_attacks(hub, state, learner, token, instructor, instructor_token,
+                         instructor_password, folder):
+    """A learner writes a JupyterLab extension into ~/.local/share/jupyter/labextensions
+    whose page would mint a token with the instructor's login; their server does not serve
+    it, and the instructor's login does not open learners' servers."""
+    static = (state / "homes" / learner / ".local" / "share" / "jupyter" / "labextensions"
+              / PLANTED / "static")
+    page = ("<html><head><title>harmless</title></head><body><script>"
+            "fetch('/hub/api/users/' + 'x', {credentials: 'include'})"
+            ".then(() => { document.title = 'PLANTED PAGE RAN'; });"
+            "document.title = 'PLANTED PAGE RAN';</script></body></html>")
+    learner_shell(state, learner, f"mkdir -p {static} && cat > {static}/index.html <<'EOF'\n"
+                                  f"{page}\nEOF\necho '{{\"name\": \"{PLANTED}\", "
+                                  f"\"version\": \"1.0.0\", \"jupyterlab\": "
+                                  f"{{\"_build\": {{\"load\": \"static/index.html\"}}}}}}' "
+                                  f"> {static.parent}/package.json")
+    assert (static / "index.html").exists()
+    path = f"/user/{learner}/lab/extensions/{PLANTED}/static/index.html"
+    title = instructor_opens(hub, instructor, instructor_password, hub.url + path,
+                             folder / "instructor-opens-planted-page.png")
+    learner_status = hub.request("GET", path, token)[0]
+    return {
+        "serve a page from ~/.local/share/jupyter/labextensions": learner_status == 404,
+        "open a learner's server with the instructor's login": hub.request(
+            "GET", f"/user/{learner}/api/status", instructor_token)[0] in (403, 404),
+        "run a planted page in the instructor's browser": "PLANTED" not in title,
+    }
+
+
+def limit_attacks(hub, learner, token):
+    """In the learner's own kernel: memory, processes and file size past the class's limits
+    fail there, cleanly, and the hub and the learner's server keep serving."""
+    kernel_id = start_kernel(hub, learner, token)
+    memory = run_cell(hub, learner, token, kernel_id, "x = bytearray(4 * 2**30)")
+    fork_bomb = run_cell(hub, learner, token, kernel_id, fork_bomb_cell())
+    big_file = run_cell(hub, learner, token, kernel_id,
+                        "open('big.bin', 'wb').write(bytes(65 * 2**20))")
+    after = run_cell(hub, learner, token, kernel_id, "print('still here')")
+    hub.ok("DELETE", f"/user/{learner}/api/kernels/{kernel_id}", token)
+    (Path(pwd.getpwnam(learner).pw_dir) / "big.bin").unlink(missing_ok=True)
+    serving = hub.request("GET", "/hub/api/")[0] == 200 and "still here" in after
+    return {
+        f"allocate past the memory limit ({LIMITS['--memory-limit']})":
+            memory.startswith("MemoryError") and serving,
+        f"fork bomb (limit {LIMITS['--nproc-limit']} processes)":
+            "contained" in fork_bomb and serving,
+        f"write a file past the size limit ({LIMITS['--file-size-limit']})":
+            "File too large" in big_file and serving,
+    }
+
+
+def fork_bomb_cell():
+    """Fork until the system says no, then end every child: what it printed says which."""
+    return "\n".join([
+        "import os, signal", "children = []", "try:", "    while True:",
+        "        pid = os.fork()", "        if pid == 0:", "            signal.pause()",
+        "            os._exit(0)", "        children.append(pid)",
+        "except BlockingIOError:", "    print('contained after', len(children))",
+        "finally:", "    for pid in children:", "        os.kill(pid, signal.SIGKILL)",
+        "        os.waitpid(pid, 0)"])
+
+
+def plain_http_off_loopback(state, init_args):
+    """`init --ip 0.0.0.0` without TLS: refused in one line."""
+    args = [a for a in init_args if a != "--self-signed" and a != "127.0.0.1"]
+    result = subprocess.run([sys.executable, str(KIT), "--state", str(state), "init", *args,
+                             "--ip", "0.0.0.0"], capture_output=True, text=True, timeout=120)
+    return (result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+            and "--insecure-http" in result.stderr)
+
+
 @pytest.fixture(scope="module")
 def class_day(classroom, tmp_path_factory):
     """The whole day on the local spawner, the hub stopped after it; what each step showed,
@@ -371,9 +620,19 @@ def class_day(classroom, tmp_path_factory):
     day["timings"]["hub start"] = time.monotonic() - start
     try:
         instructor = hub.token(accounts.instructor, secret["instructor_password"])
-        tokens = {user: hub.token(user, secret["class_password"]) for user in learners}
-        day["instructor as learner"] = hub.token(accounts.instructor,
-                                                 secret["class_password"])
+        tokens = {user: hub.token(user, secret[user]) for user in learners}
+        assert all(tokens.values()), "each learner logs in with their own password"
+        day["instructor as learner"] = hub.token(accounts.instructor, secret[learners[0]])
+        day["attacks"] = attacks = {}
+        attacks["log in as another learner with their password"] = (
+            hub.token(learners[0], secret[learners[1]]) is None)
+        attacks["log in as another learner with no password"] = (
+            hub.token(learners[0], "") is None)
+        attacks["log in as another learner with the instructors' password"] = (
+            hub.token(learners[0], secret["instructor_password"]) is None)
+        attacks.update(squat_the_exchange(state, learners[1]))
+        attacks["serve plain HTTP off the loopback"] = plain_http_off_loopback(
+            state, classroom["init_args"])
         day["formgrader status"] = {
             who: hub.request("GET", f"/services/{COURSE_ID}/formgrader/api/assignments",
                              token)[0]
@@ -388,7 +647,7 @@ def class_day(classroom, tmp_path_factory):
         start = time.monotonic()
         screenshot = folder / "learner-assignment-list.png"
         day["browser"] = browser_learner_sees_the_assignment(
-            hub, learners[0], secret["class_password"], screenshot)
+            hub, learners[0], secret[learners[0]], screenshot)
         day["timings"]["browser"] = time.monotonic() - start
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, SCREENSHOTS / screenshot.name)
@@ -410,10 +669,22 @@ def class_day(classroom, tmp_path_factory):
                 write_script_cell(hub, user, tokens[user], script)
             day.setdefault("submit", {})[user] = assignment_action(hub, user, tokens[user],
                                                                    "submit")
+        # The mistaken learner submits their work again, under the solution's learner's
+        # name: later than the real one, nbgrader's own collect would take it.
+        day["forgery"] = forge_submission(state, learners[1], learners[0])
+        attacks.update(kernel_attacks(hub, state, learners[0], tokens[learners[0]],
+                                      learners[1]))
+        attacks.update(planted_page_attacks(hub, state, learners[0], tokens[learners[0]],
+                                            accounts.instructor, instructor,
+                                            secret["instructor_password"], folder))
+        attacks.update(limit_attacks(hub, learners[2], tokens[learners[2]]))
 
         # The instructor collects, autogrades each submission and releases feedback.
         start = time.monotonic()
         day["collect"] = hub.formgrader(f"assignment/{ASSIGNMENT}/collect", instructor)
+        attacks["forge a submission under another learner's name"] = (
+            day["forgery"].returncode == 0 and "FORGED SUBMISSION" in day["collect"]["log"]
+            and learners[0] in day["collect"]["log"])
         day["autograde"] = {user: hub.formgrader(f"submission/{ASSIGNMENT}/{user}/autograde",
                                                  instructor, timeout=AUTOGRADE_S)
                             for user in learners}
@@ -451,6 +722,17 @@ def class_day(classroom, tmp_path_factory):
               + ", ".join(f"{k} {v:.0f}" for k, v in day["timings"].items()))
         print(f"hub log (end):\n{hub.log()[-3000:]}")
     return day
+
+
+@pytest.mark.slow
+def test_every_attack_from_a_learner_account_is_blocked(class_day):
+    """The class's intrusion test: one line per attack."""
+    attacks = class_day["attacks"]
+    print("\nintrusion test of the class server:")
+    for what, blocked in attacks.items():
+        print(f"  {'blocked' if blocked else 'OPEN   '}  {what}")
+    assert len(attacks) >= 15
+    assert all(attacks.values()), [what for what, blocked in attacks.items() if not blocked]
 
 
 @pytest.mark.slow
@@ -556,9 +838,13 @@ def test_files_belong_to_their_learners(class_day):
         assert owners_under(home) == {uid}, f"{user}'s home has files of other accounts"
         assert stat.S_IMODE(home.stat().st_mode) == 0o700, f"{user}'s home is open to others"
     inbound = state / "exchange" / COURSE_ID / "inbound"
-    submissions = {path.name.split("+")[0]: path for path in inbound.iterdir()}
-    assert set(submissions) == set(class_day["accounts"].learners)
-    for user, path in submissions.items():
+    owned = {path: pwd.getpwuid(path.stat().st_uid).pw_name for path in inbound.iterdir()}
+    # The one forgery of the intrusion test stays in the exchange, uncollected.
+    forged = [path for path, owner in owned.items() if not path.name.startswith(owner + "+")]
+    assert len(forged) == 1, owned
+    assert {owner for path, owner in owned.items() if path not in forged} == set(
+        class_day["accounts"].learners)
+    for path, user in owned.items():
         assert owners_under(path) == {pwd.getpwnam(user).pw_uid}, path
 
 
@@ -591,7 +877,8 @@ def test_a_learner_cannot_reach_the_others_or_the_instructor(class_day):
                                                / NOTEBOOK)],
         "list the course folder": ["ls", str(class_day["course"])],
         "read the gradebook": ["cat", str(class_day["course"] / "gradebook.db")],
-        "read the passwords": ["cat", str(state / "secrets" / "class_password")],
+        "read the passwords": ["cat", str(state / "secrets" / "learner_passwords")],
+        "read the hand-out sheet": ["cat", str(state / "secrets" / "handout.txt")],
     }
     allowed = {what: result.stdout[:200] for what, command in tries.items()
                if (result := as_user(learner, *command)).returncode == 0}
@@ -672,17 +959,18 @@ def slurm_day(classroom, class_day):
     day["edited"], day["deleted"] = (edited, edited.read_bytes()), deleted
     deleted.unlink()
     try:
-        with slurm.Cluster(folder, nodes=1, cpus=4, gpus=2) as cluster:
+        with slurm.Cluster(folder, nodes=1, cpus=4, gpus=2, memory_mb=4096) as cluster:
             kit(state, "init", *classroom["init_args"], "--spawner", "slurm",
                 "--gpus-per-learner", "1", "--slurm-conf", str(folder / "slurm.conf"),
                 "--exechost", "127.0.0.1", "--start-timeout", "300",
+                "--cpus-per-gpu", "2", "--mem-per-gpu", "1G",
                 "--runtime", "0:30:00")  # the test cluster's partition allows 60 min
             start = time.monotonic()
             hub = Hub(state, classroom["serve"], folder / "hub.log")
             day["timings"]["hub start"] = time.monotonic() - start
             try:
-                secret = passwords(state)["class_password"]
-                tokens = {user: hub.token(user, secret) for user in accounts.learners}
+                secret = passwords(state)
+                tokens = {user: hub.token(user, secret[user]) for user in accounts.learners}
                 start = time.monotonic()
                 for user in (first, second):
                     hub.start_server(user, tokens[user])
@@ -820,3 +1108,58 @@ def test_console_scripts_move_to_the_class_python_and_other_files_stay(tmp_path)
     for other in (binary, shell):
         assert not kit_module.rewrite_script(other, tmp_path / "no", course_bins, "/x/python")
     assert not (tmp_path / "no").exists()
+
+
+def tls_args(**given):
+    defaults = {"ip": "127.0.0.1", "ssl_cert": "", "ssl_key": "", "self_signed": "",
+                "insecure_http": False}
+    return argparse.Namespace(**{**defaults, **given})
+
+
+def test_plain_http_is_refused_off_the_loopback_unless_asked_for(tmp_path):
+    kit_module = load_kit()
+    assert kit_module.tls_files(tmp_path, tls_args()) == (None, None)
+    with pytest.raises(kit_module.KitError, match="--insecure-http"):
+        kit_module.tls_files(tmp_path, tls_args(ip="0.0.0.0"))
+    assert kit_module.tls_files(tmp_path, tls_args(ip="0.0.0.0", insecure_http=True)) == (
+        None, None)
+    with pytest.raises(kit_module.KitError, match="go together"):
+        kit_module.tls_files(tmp_path, tls_args(ip="0.0.0.0", ssl_cert="/x.crt"))
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
+def test_self_signed_makes_a_certificate_for_the_name_only_root_reads_its_key(tmp_path):
+    kit_module = load_kit()
+    cert, key = kit_module.tls_files(tmp_path, tls_args(ip="0.0.0.0",
+                                                        self_signed="class.example.org"))
+    shown = subprocess.run(["openssl", "x509", "-in", cert, "-noout", "-subject", "-ext",
+                            "subjectAltName"], capture_output=True, text=True, check=True)
+    assert "class.example.org" in shown.stdout and "127.0.0.1" in shown.stdout
+    assert stat.S_IMODE(Path(key).stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "secrets").stat().st_mode) == 0o700
+    # Kept for the same name: the class's browsers accepted it once.
+    again = kit_module.tls_files(tmp_path, tls_args(self_signed="class.example.org"))
+    assert again == (cert, key) and Path(cert).read_bytes() == Path(again[0]).read_bytes()
+
+
+def test_the_handout_has_one_card_per_learner_and_only_root_reads_it(tmp_path):
+    kit_module = load_kit()
+    kit_module.save_learner_passwords(tmp_path, {"learner01": "abcdEFGH3467",
+                                                 "learner02": "qrstUVWX9467"})
+    sheet = kit_module.write_handout(tmp_path, {"ip": "10.0.0.5", "port": 8000,
+                                                "ssl_cert": "/x.crt"})
+    text = sheet.read_text()
+    assert text.count("account:") == 2 and "https://10.0.0.5:8000/" in text
+    assert "learner02" in text and "qrstUVWX9467" in text
+    for path in (sheet, tmp_path / "secrets" / "learner_passwords"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert kit_module.learner_passwords(tmp_path)["learner01"] == "abcdEFGH3467"
+
+
+def test_sizes_are_read_with_their_unit():
+    kit_module = load_kit()
+    assert kit_module.parse_size("8G") == 8 * 2**30
+    assert kit_module.parse_size("64m") == 64 * 2**20
+    assert kit_module.parse_size("0") == 0
+    with pytest.raises(kit_module.KitError, match="not a size"):
+        kit_module.parse_size("lots")

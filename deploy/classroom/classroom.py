@@ -8,10 +8,12 @@ Commands, in the order a class day uses them (``make classroom`` runs the first 
     env       the class environment DIR/env: Debian's Python with the course's packages
               (the project's .venv, linked, not downloaded again) and JupyterHub's (the
               `classroom` pins of pyproject.toml); configurable-http-proxy in DIR/proxy
-    init      the class: settings (DIR/class.json), passwords (DIR/secrets), the grader
-              account and its copy of assessment/, nbgrader's exchange, the learners' material
-    accounts  learner accounts: `accounts add N` creates PREFIX01..PREFIXNN, `accounts
-              remove` removes every account the kit created (DIR/accounts.txt)
+    init      the class: settings (DIR/class.json), the instructors' password and TLS
+              files (DIR/secrets), the grader account and its copy of assessment/, the
+              course's exchange folders (the grader's), the learners' material
+    accounts  learner accounts: `accounts add N` creates PREFIX01..PREFIXNN, each with a
+              random password of its own (the hand-out sheet DIR/secrets/handout.txt);
+              `accounts remove` removes every account the kit created (DIR/accounts.txt)
     serve     JupyterHub in the foreground, its state in DIR/hub (Ctrl-C stops it and every
               learner's server)
     down      remove the kit's accounts (learners and grader); --purge also removes DIR
@@ -60,6 +62,15 @@ for dist in importlib.metadata.distributions():
         print(dist.metadata["Name"])
 """
 PASSWORD_LENGTH = {"class_password": 12, "instructor_password": 20}
+# Learners' passwords are read off a printed card: no characters that look alike.
+CARD_ALPHABET = "abcdefghjkmnpqrstuvwxyzACDEFGHJKLMNPQRTUVWXY34679"
+LEARNER_PASSWORD_LENGTH = 12
+# nbgrader's own modes for the course's exchange folders (exchange/default/*.py): the
+# course and outbound readable by all, inbound writable and not listable, feedback
+# enterable and not listable.
+EXCHANGE_MODES = {"": 0o755, "outbound": 0o755, "inbound": 0o2733, "feedback": 0o711}
+SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class KitError(Exception):
@@ -288,7 +299,9 @@ def copy_learner_material(state):
     # The hub's command for every learner's server (a Python script: batchspawner runs it
     # inside its own wrapper).
     start = course / "jupyterhub-learner"
-    start.write_text(f"#!{env_python(state)}\n" + (KIT / "learner" / "first_start.py").read_text())
+    # -s: no site-packages from the learner's ~/.local in the server (its kernels keep them).
+    start.write_text(f"#!{env_python(state)} -s\n"
+                     + (KIT / "learner" / "first_start.py").read_text())
     run("chmod", "-R", "a+rX,go-w", course)
     start.chmod(0o755)
 
@@ -308,13 +321,25 @@ def install_config(state, settings):
     run("chmod", "-R", "a+rX,go-w", config)
 
 
-def make_exchange(state):
-    """nbgrader's exchange: the root open to all with the sticky bit (each learner can
-    create their cache and submissions, and remove nobody else's); nbgrader itself makes the
-    course's folders inside with the modes its documentation gives (README.md)."""
+def make_exchange(state, grader, course_id):
+    """nbgrader's exchange: the root with the modes nbgrader's release insists on (open to
+    all; the sticky bit added), and the course's folders in it made now, before any learner
+    exists, as the grader's, with nbgrader's modes. A folder of the course that another
+    account made first (a learner squatting the course's name) is refused: the grader
+    could not release into it, and its owner would read every submission."""
     exchange = state / "exchange"
     exchange.mkdir(exist_ok=True)
     exchange.chmod(0o1777)
+    owner = pwd.getpwnam(grader)
+    for name, mode in EXCHANGE_MODES.items():
+        folder = exchange / course_id / name
+        if folder.is_symlink() or (folder.exists() and folder.stat().st_uid != owner.pw_uid):
+            holder = folder.lstat().st_uid
+            raise KitError(f"{folder} belongs to uid {holder}, not the grader {grader}: "
+                           f"remove it (a squatted course folder) and run init again")
+        folder.mkdir(exist_ok=True)
+        os.chown(folder, owner.pw_uid, owner.pw_gid)
+        folder.chmod(mode)
 
 
 def copy_course_folder(state, grader):
@@ -330,17 +355,75 @@ def copy_course_folder(state, grader):
     return course
 
 
-def write_secrets(state, given):
+def secrets_folder(state):
     folder = state / "secrets"
     folder.mkdir(exist_ok=True)
     folder.chmod(0o700)
+    return folder
+
+
+def write_secrets(state, given, shared_class_password):
+    """The instructors' password, and the class password only where the instructor asked
+    for one (without it, nobody logs in with it: the file goes)."""
+    folder = secrets_folder(state)
     for name, length in PASSWORD_LENGTH.items():
         path = folder / name
+        if name == "class_password" and not shared_class_password:
+            path.unlink(missing_ok=True)
+            continue
         if given.get(name):
             path.write_text(given[name] + "\n")
         elif not path.exists():
             path.write_text(secrets.token_urlsafe(length)[:length] + "\n")
         path.chmod(0o600)
+
+
+def parse_size(text):
+    """``"8G"`` -> bytes; ``"0"`` -> 0 (no limit)."""
+    found = re.fullmatch(r"(\d+)([KMGT]?)", text.strip().upper())
+    if not found:
+        raise KitError(f"{text!r} is not a size: a number with K, M, G or T, e.g. 8G")
+    return int(found[1]) * SIZE_UNITS.get(found[2], 1)
+
+
+def tls_files(state, args):
+    """``(certificate, key)`` the hub serves HTTPS with, or ``(None, None)`` for plain HTTP,
+    which only the loopback interface gets unless --insecure-http says otherwise."""
+    if args.ssl_cert or args.ssl_key:
+        if not (args.ssl_cert and args.ssl_key):
+            raise KitError("--ssl-cert and --ssl-key go together: give both")
+        for path in (args.ssl_cert, args.ssl_key):
+            if not Path(path).is_file():
+                raise KitError(f"{path} not found: give the certificate and key files")
+        return str(Path(args.ssl_cert).resolve()), str(Path(args.ssl_key).resolve())
+    if args.self_signed:
+        return self_signed_certificate(state, args.self_signed)
+    if args.ip not in LOOPBACK and not args.insecure_http:
+        raise KitError(f"--ip {args.ip} without TLS would send passwords and cookies in "
+                       f"clear: give --ssl-cert/--ssl-key, or --self-signed NAME, or "
+                       f"--insecure-http to accept that")
+    return None, None
+
+
+def self_signed_certificate(state, name):
+    """A certificate for ``name`` (the server's DNS name or address) signed by itself, and
+    its key, in DIR/secrets; kept when it exists for the same name."""
+    if not shutil.which("openssl"):
+        raise KitError("openssl not found: apt-get install openssl (for --self-signed), or "
+                       "give --ssl-cert/--ssl-key")
+    folder = secrets_folder(state)
+    cert, key, made_for = folder / "tls.crt", folder / "tls.key", folder / "tls.name"
+    if not (cert.exists() and key.exists() and made_for.exists()
+            and made_for.read_text() == name):
+        kind = "IP" if re.fullmatch(r"[\d.]+|[0-9a-fA-F:]+", name) else "DNS"
+        alt = f"subjectAltName={kind}:{name}" + ("" if name in LOOPBACK else
+                                                 ",IP:127.0.0.1")
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256",
+            "-days", "30", "-subj", f"/CN={name}", "-addext", alt,
+            "-keyout", key, "-out", cert)
+        made_for.write_text(name)
+    key.chmod(0o600)
+    return str(cert), str(key)
 
 
 def closed_folders(path):
@@ -371,6 +454,11 @@ def command_init(args):
     hub = state / "hub"
     hub.mkdir(exist_ok=True)
     hub.chmod(0o700)
+    gpu_ids = [g for g in args.gpu_ids.split(",") if g] if args.gpu_ids else []
+    if args.spawner == "local" and args.gpus_per_learner and not gpu_ids:
+        raise KitError("--gpus-per-learner with the local spawner needs --gpu-ids (the "
+                       "devices to share out, e.g. 0,1,2,3)")
+    ssl_cert, ssl_key = tls_files(state, args)
     add_account(state, args.grader, state / "grader", "ddp-workshop grader")
     course_folder = copy_course_folder(state, args.grader)
     settings = {
@@ -382,20 +470,33 @@ def command_init(args):
         "proxy_api_port": args.proxy_api_port, "formgrader_port": args.formgrader_port,
         "idle_timeout_s": args.idle_timeout,
         "spawner": args.spawner,
+        "shared_class_password": args.shared_class_password,
+        "ssl_cert": ssl_cert, "ssl_key": ssl_key,
+        "limits": {"data_bytes": parse_size(args.memory_limit), "nproc": args.nproc_limit,
+                   "fsize_bytes": parse_size(args.file_size_limit)},
+        "gpus_per_learner": args.gpus_per_learner, "gpu_ids": gpu_ids,
         "slurm": {"gpus_per_learner": args.gpus_per_learner, "partition": args.partition,
                   "slurm_conf": args.slurm_conf, "exechost": args.exechost,
-                  "runtime": args.runtime, "start_timeout_s": args.start_timeout},
+                  "runtime": args.runtime, "start_timeout_s": args.start_timeout,
+                  "cpus_per_gpu": args.cpus_per_gpu, "mem_per_gpu": args.mem_per_gpu,
+                  "cpus": args.cpus_per_seat, "mem": args.mem_per_seat},
     }
     settings_path(state).write_text(json.dumps(settings, indent=1) + "\n")
     settings_path(state).chmod(0o644)
     write_secrets(state, {"class_password": os.environ.get("CLASS_PASSWORD"),
-                          "instructor_password": os.environ.get("CLASS_INSTRUCTOR_PASSWORD")})
-    make_exchange(state)
+                          "instructor_password": os.environ.get("CLASS_INSTRUCTOR_PASSWORD")},
+                  args.shared_class_password)
+    make_exchange(state, args.grader, COURSE_ID)
     copy_learner_material(state)
     install_config(state, settings)
+    scheme = "https" if ssl_cert else "http"
     print(f"{state}: class {COURSE_ID}, grader {args.grader} ({course_folder}), "
-          f"instructors {', '.join(args.instructors) or 'none'}, {args.spawner} spawner; "
-          f"passwords in {state / 'secrets'}")
+          f"instructors {', '.join(args.instructors) or 'none'}, {args.spawner} spawner, "
+          f"{scheme}; passwords in {state / 'secrets'}")
+    if args.shared_class_password:
+        print("WARNING: --shared-class-password: every learner logs in with one class "
+              "password, so any learner can log in as any other and read, change and submit "
+              "their work. Use it only where learners are not graded.", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- accounts
@@ -417,12 +518,64 @@ def command_accounts(args):
             add_account(state, name, state / "homes" / name, "ddp-workshop learner")
         learners = sorted(set(load_learners(state)) | set(names))
         (state / "learners.txt").write_text("\n".join(learners) + "\n")
+        made = set_learner_passwords(state, names)
+        sheet = write_handout(state, settings)
         print(f"{len(names)} learner accounts: {names[0]} .. {names[-1]} (homes in "
-              f"{state / 'homes'}); restart the hub to let new ones in")
+              f"{state / 'homes'}; {len(made)} new passwords, the hand-out sheet {sheet}, "
+              f"readable by root only); restart the hub to let new ones in")
     else:
         removed = remove_accounts(state, keep={settings["grader"]})
         (state / "learners.txt").unlink(missing_ok=True)
+        passwords = learner_passwords(state)
+        save_learner_passwords(state, {name: word for name, word in passwords.items()
+                                       if name not in removed})
+        write_handout(state, settings)
         print(f"removed {len(removed)} learner accounts")
+
+
+def learner_passwords(state):
+    """``{account: password}`` from DIR/secrets/learner_passwords (root's only)."""
+    path = state / "secrets" / "learner_passwords"
+    if not path.exists():
+        return {}
+    return dict(line.split(" ", 1) for line in path.read_text().splitlines() if line)
+
+
+def save_learner_passwords(state, passwords):
+    path = secrets_folder(state) / "learner_passwords"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("".join(f"{name} {word}\n" for name, word in sorted(passwords.items())))
+
+
+def set_learner_passwords(state, names):
+    """A random password for each of ``names`` that has none yet, set on the account with
+    chpasswd (the hub checks it through PAM) and kept for the hand-out sheet."""
+    passwords = learner_passwords(state)
+    made = {name: "".join(secrets.choice(CARD_ALPHABET)
+                          for _ in range(LEARNER_PASSWORD_LENGTH))
+            for name in names if name not in passwords}
+    if made:
+        subprocess.run(["chpasswd"], input="".join(f"{n}:{w}\n" for n, w in made.items()),
+                       text=True, capture_output=True, check=True)
+        save_learner_passwords(state, {**passwords, **made})
+    return made
+
+
+def write_handout(state, settings):
+    """DIR/secrets/handout.txt: one card per learner (address, account, password), cut
+    along the lines and handed to each learner; root's only, like the passwords."""
+    scheme = "https" if settings.get("ssl_cert") else "http"
+    address = f"{scheme}://{settings['ip']}:{settings['port']}/"
+    cut = "-" * 60
+    cards = [f"{cut}\n  DDP workshop -- {address}\n  account:  {name}\n"
+             f"  password: {word}\n  (yours alone: do not share it)\n"
+             for name, word in learner_passwords(state).items()]
+    path = secrets_folder(state) / "handout.txt"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("".join(cards) + (cut + "\n" if cards else ""))
+    return path
 
 
 def load_learners(state):
@@ -466,7 +619,8 @@ def command_serve(args):
     proxy = state / "proxy" / "node_modules" / ".bin"
     env = {**os.environ, "CLASSROOM_DIR": str(state),
            "PATH": f"{state / 'env' / 'bin'}:{proxy}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    print(f"JupyterHub for {COURSE_ID} at http://{settings['ip']}:{settings['port']}/ "
+    scheme = "https" if settings.get("ssl_cert") else "http"
+    print(f"JupyterHub for {COURSE_ID} at {scheme}://{settings['ip']}:{settings['port']}/ "
           f"(state in {state / 'hub'})", flush=True)
     os.chdir(state / "hub")
     # The hub stops the formgrader and the learners' servers with SIGINT, which they would
@@ -498,7 +652,29 @@ def parser():
     init.add_argument("--instructors", nargs="*", default=["instructor"],
                       help="hub user names of the instructors (the formgrader is theirs)")
     init.add_argument("--ip", default="127.0.0.1",
-                      help="the address learners open (0.0.0.0: every interface)")
+                      help="the address learners open (0.0.0.0: every interface; other than "
+                           "the loopback it needs TLS or --insecure-http)")
+    init.add_argument("--ssl-cert", default="", help="the hub's TLS certificate (PEM)")
+    init.add_argument("--ssl-key", default="", help="its private key (PEM)")
+    init.add_argument("--self-signed", default="", metavar="NAME",
+                      help="make a self-signed certificate for NAME (the server's name or "
+                           "address) in DIR/secrets and serve HTTPS with it")
+    init.add_argument("--insecure-http", action="store_true",
+                      help="serve plain HTTP on a non-loopback --ip: passwords and cookies "
+                           "cross the network in clear")
+    init.add_argument("--shared-class-password", action="store_true",
+                      help="INSECURE: learners log in with one class password "
+                           "(secrets/class_password) instead of their own, so any learner "
+                           "can log in as any other")
+    init.add_argument("--memory-limit", default="8G",
+                      help="each process of a learner: its data (RLIMIT_DATA; 0: none)")
+    init.add_argument("--nproc-limit", type=int, default=512,
+                      help="processes and threads of each learner account (RLIMIT_NPROC)")
+    init.add_argument("--file-size-limit", default="4G",
+                      help="largest file a learner's process writes (RLIMIT_FSIZE; 0: none)")
+    init.add_argument("--gpu-ids", default="",
+                      help="local: the GPUs to share out, comma-separated (e.g. 0,1,2,3): "
+                           "learner k gets --gpus-per-learner of them in turn")
     init.add_argument("--port", type=int, default=8000)
     init.add_argument("--hub-port", type=int, default=8081, help="the hub's API, on 127.0.0.1")
     init.add_argument("--proxy-api-port", type=int, default=8001)
@@ -508,7 +684,15 @@ def parser():
     init.add_argument("--spawner", choices=["local", "slurm"], default="local",
                       help="learners' servers as processes here, or as SLURM jobs")
     init.add_argument("--gpus-per-learner", type=int, default=0,
-                      help="slurm: GPUs each learner's job requests (--gres=gpu:N)")
+                      help="GPUs of each learner: slurm, the job's --gres=gpu:N; local, "
+                           "CUDA_VISIBLE_DEVICES from --gpu-ids")
+    init.add_argument("--cpus-per-gpu", type=int, default=4,
+                      help="slurm: CPUs a seat gets per GPU")
+    init.add_argument("--mem-per-gpu", default="16G", help="slurm: memory a seat gets per GPU")
+    init.add_argument("--cpus-per-seat", type=int, default=2,
+                      help="slurm: CPUs of a seat without GPUs")
+    init.add_argument("--mem-per-seat", default="4G",
+                      help="slurm: memory of a seat without GPUs")
     init.add_argument("--partition", default="", help="slurm: the partition of the jobs")
     init.add_argument("--runtime", default="8:00:00", help="slurm: the jobs' time limit")
     init.add_argument("--start-timeout", type=int, default=900,

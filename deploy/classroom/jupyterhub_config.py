@@ -1,7 +1,7 @@
 """JupyterHub for the class: read by `classroom.py serve`, which names the class's folder in
 $CLASSROOM_DIR. Every setting comes from that folder (class.json, written by `classroom.py
-init`; the passwords in secrets/; the learners in learners.txt), and everything the hub
-writes goes to its hub/ folder.
+init`; the passwords and TLS files in secrets/; the learners in learners.txt), and
+everything the hub writes goes to its hub/ folder.
 """
 import json
 import os
@@ -28,7 +28,12 @@ def secret(name):
 
 # The hub, its proxy and its state. Only the proxy's public port may face the class; the
 # hub's API and the proxy's API stay on the loopback interface.
-c.JupyterHub.bind_url = f"http://{settings['ip']}:{settings['port']}"
+scheme = "https" if settings.get("ssl_cert") else "http"
+c.JupyterHub.bind_url = f"{scheme}://{settings['ip']}:{settings['port']}"
+if settings.get("ssl_cert"):
+    # The proxy terminates TLS: the only port that faces the class speaks HTTPS.
+    c.JupyterHub.ssl_cert = settings["ssl_cert"]
+    c.JupyterHub.ssl_key = settings["ssl_key"]
 c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{settings['hub_port']}"
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings['proxy_api_port']}"
 c.ConfigurableHTTPProxy.command = [
@@ -38,26 +43,31 @@ c.JupyterHub.db_url = f"sqlite:///{HUB / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(HUB / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(HUB / "jupyterhub.pid")
 
-# Who logs in: the class's learner accounts with the class password, the instructors with
-# theirs (classroom_auth.py). JupyterHub 5+ lets nobody in unless told whom.
+# Who logs in: each learner account with its own password (PAM: the hub runs as root), the
+# instructors with theirs (classroom_auth.py); a shared class password only where `init`
+# was told --shared-class-password. JupyterHub 5+ lets nobody in unless told whom.
 sys.path.insert(0, str(KIT))
 sys.dont_write_bytecode = True  # nothing of the hub's goes into the repository
 from classroom_auth import ClassroomAuthenticator  # noqa: E402 - found through KIT
 
 c.JupyterHub.authenticator_class = ClassroomAuthenticator
-c.ClassroomAuthenticator.user_password = secret("class_password")
+if settings.get("shared_class_password"):
+    c.ClassroomAuthenticator.shared_password = secret("class_password")
 c.ClassroomAuthenticator.instructor_password = secret("instructor_password")
 c.ClassroomAuthenticator.instructors = instructors
 c.Authenticator.allowed_users = learners | instructors
 
 # The formgrader: a hub-managed service, run as the grader account in its copy of the
 # course's assessment/ (nbgrader's settings there carry the grading guards), reached by
-# the instructors' group only. Instructors also see and help with learners' servers.
+# the instructors' group only. Instructors list learners and start or stop their servers,
+# but do not open them: every page a learner's server sends is the learner's to write (a
+# server of their own making on their port, too), and on the hub's origin it would run
+# with the instructor's login (README.md: "Who can do what").
 c.JupyterHub.load_groups = {"instructors": {"users": sorted(instructors)}}
 c.JupyterHub.load_roles = [
     {"name": "instructor", "groups": ["instructors"],
      "scopes": [f"access:services!service={course_id}", "list:users", "read:users",
-                "admin:servers", "access:servers"]},
+                "admin:servers"]},
     {"name": "idle-culler", "services": ["idle-culler"],
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
 ]
@@ -101,10 +111,31 @@ c.JupyterHub.default_url = landing_page
 c.Spawner.cmd = [str(STATE / "course" / "jupyterhub-learner")]
 c.Spawner.default_url = "/lab/tree/notebooks"
 c.Spawner.notebook_dir = "~"
+# The server reads no settings, extensions or Python packages from the learner's home
+# (~/.jupyter, ~/.local/share/jupyter/labextensions, ~/.local/lib: the start command runs
+# Python with -s): what it serves is the class's JupyterLab, not pages the learner wrote.
+c.Spawner.disable_user_config = True
+limits = settings.get("limits", {})
 c.Spawner.environment = {
     "JUPYTER_CONFIG_PATH": str(STATE / "config" / "learner"),
+    "JUPYTER_PREFER_ENV_PATH": "1",
     "PATH": f"{ENV_BIN}:{SYSTEM_PATH}",
+    # first_start.py sets these rlimits on the server, so on every kernel, terminal and
+    # launch under it (README.md: limits).
+    "CLASSROOM_LIMITS": json.dumps(limits),
 }
+gpu_ids, gpus_each = settings.get("gpu_ids", []), settings.get("gpus_per_learner", 0)
+if settings["spawner"] == "local" and gpus_each and gpu_ids:
+    # Learner k of learners.txt gets the k-th run of gpus_each devices, round the list:
+    # advice to CUDA, not a limit (README.md: GPUs).
+    order = sorted(learners)
+
+    def assign_gpus(spawner):
+        k = order.index(spawner.user.name) if spawner.user.name in order else 0
+        picked = [gpu_ids[(k * gpus_each + i) % len(gpu_ids)] for i in range(gpus_each)]
+        spawner.environment["CUDA_VISIBLE_DEVICES"] = ",".join(picked)
+
+    c.Spawner.pre_spawn_hook = assign_gpus
 # A class logging in at once: start at most this many servers together, and give each
 # the time a busy machine needs (jupyterhub#3396).
 c.JupyterHub.concurrent_spawn_limit = 10
@@ -120,8 +151,18 @@ if settings["spawner"] == "slurm":
     c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
     c.SlurmSpawner.batchspawner_singleuser_cmd = str(ENV_BIN / "batchspawner-singleuser")
     c.SlurmSpawner.exec_prefix = "sudo -E -u {username}"
-    c.SlurmSpawner.req_gres = (f"gpu:{slurm['gpus_per_learner']}"
-                               if slurm["gpus_per_learner"] else "")
+    gpus = slurm["gpus_per_learner"]
+    c.SlurmSpawner.req_gres = f"gpu:{gpus}" if gpus else ""
+    # CPUs and memory with the GPUs (batchspawner writes --cpus-per-task and --mem only
+    # when these are set; without them a seat gets SLURM's default of one CPU).
+    if gpus:
+        c.SlurmSpawner.req_nprocs = str(slurm.get("cpus_per_gpu", 4) * gpus)
+        per_gpu = slurm.get("mem_per_gpu", "16G")
+        c.SlurmSpawner.req_memory = f"{int(per_gpu[:-1]) * gpus}{per_gpu[-1]}" \
+            if per_gpu[-1].isalpha() else str(int(per_gpu) * gpus)
+    else:
+        c.SlurmSpawner.req_nprocs = str(slurm.get("cpus", 2))
+        c.SlurmSpawner.req_memory = slurm.get("mem", "4G")
     c.SlurmSpawner.req_partition = slurm["partition"]
     c.SlurmSpawner.req_runtime = slurm["runtime"]
     # A job waiting in the queue longer than this is cancelled (README.md: sizing).

@@ -4,6 +4,7 @@ with its own nbgrader_config.py (the course id, the time limits and the grading 
 and the class's exchange.
 """
 import json
+import sys
 from pathlib import Path
 
 c = get_config()  # noqa: F821 - nbgrader defines get_config when it loads this file
@@ -16,3 +17,7 @@ c.Exchange.root = _class["exchange"]
 _course_config = Path(_class["course_folder"]) / "nbgrader_config.py"
 if Path("nbgrader_config.py").resolve() != _course_config:
     load_subconfig(str(_course_config))  # noqa: F821 - as get_config
+# Collect takes only submissions that belong to the learner they name (classroom_collect.py,
+# beside this file).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+c.ExchangeFactory.collect = "classroom_collect.OwnedCollect"
