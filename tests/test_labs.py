@@ -242,22 +242,30 @@ def test_the_notebooks_prove_every_exercise_both_ways():
 
 SBATCH_ACCEPTED = [
     beyond.REFERENCE,
-    "#SBATCH -N 2\n#SBATCH --gres=gpu:4\n#SBATCH -t 30\n",
-    "#SBATCH -N2 --ntasks=2 --gres=gpu:a100:4,nvme:1 --time=1:00:00 --mem=0 --exclusive\n",
-    "#SBATCH --nodes 2 --ntasks-per-node 1 --gpus-per-task=h100:4 --time=30  # a comment\n",
-    "#SBATCH --nodes=1\n#SBATCH --nodes=2-2 --gpus-per-node=4 --time=5 -A proj -p gpu\n",
+    "#SBATCH -N 3\n#SBATCH --gres=gpu:8\n#SBATCH -t 30 -c 32\n",
+    "#SBATCH -N3 --ntasks=3 --gres=gpu:a100:8,nvme:1 --time=1:00:00 --mem=0 --exclusive -c48\n",
+    "#SBATCH --nodes 3 --ntasks-per-node 1 --gpus-per-task=h100:8 --time=30 "
+    "--cpus-per-task 32  # a comment\n",
+    "#SBATCH --nodes=1 -c 2\n#SBATCH --nodes=3-3 --gpus-per-node=8 --time=5 -A proj -p gpu "
+    "--cpus-per-task=32\n",
 ]
 SBATCH_REFUSED = [
     (beyond.STUB, "1 node(s)"),
-    ("#SBATCH --nodes=2 --gpus=8 --time=30\n", "may split unevenly"),
-    ("#SBATCH --nodes=2-4 --gpus-per-node=4 --time=30\n", "2 to 4 nodes"),
-    ("#SBATCH --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=30\n", "4 task(s)"),
-    ("#SBATCH --nodes=2 --gpus-per-node=4\n", "no --time"),
-    ("#SBATCH --nodes=2 --gpu-per-node=4 --time=30\n", "did you mean --gpus-per-node"),
-    ("#SBATCH --nodes=two --gpus-per-node=4 --time=30\n", "write a number"),
+    ("#SBATCH --nodes=3 --gpus=24 --time=30 -c 32\n", "may split unevenly"),
+    ("#SBATCH --nodes=3-4 --gpus-per-node=8 --time=30 -c 32\n", "3 to 4 nodes"),
+    ("#SBATCH --nodes=3 --ntasks-per-node=8 --gpus-per-node=8 --time=30 -c 32\n", "8 task(s)"),
+    ("#SBATCH --nodes=3 --gpus-per-node=8 -c 32\n", "no --time"),
+    ("#SBATCH --nodes=3 --gpu-per-node=8 --time=30 -c 32\n", "did you mean --gpus-per-node"),
+    ("#SBATCH --nodes=three --gpus-per-node=8 --time=30\n", "write a number"),
     ("#SBATCH --nodes\n", "needs a value"),
-    ("#SBATCH --nodes=2 --time=30\nsrun hostname\n#SBATCH --gpus-per-node=4\n", "0 GPU(s)"),
-    ("#SBATCH --nodes=2 --gpus-per-node='4 --time=30\n", "cannot read"),
+    ("#SBATCH --nodes=3 --time=30 -c 32\nsrun hostname\n#SBATCH --gpus-per-node=8\n",
+     "0 GPU(s)"),
+    ("#SBATCH --nodes=3 --gpus-per-node='8 --time=30\n", "cannot read"),
+    ("#SBATCH --nodes=3 --gpus-per-node=8 --time=30\n", "no --cpus-per-task"),
+    ("#SBATCH --nodes=3 --gpus-per-node=8 --time=30 --cpus-per-task=4\n",
+     "--cpus-per-task=4 gives each node's 8 rank(s) 0.5 core(s) each"),
+    ("#SBATCH --nodes=3 --gpus-per-node=8 --time=30 --cpus-per-gpu=4\n",
+     "--cpus-per-gpu sets no SLURM_CPUS_PER_TASK"),
 ]
 
 
@@ -265,13 +273,29 @@ SBATCH_REFUSED = [
 def test_the_sbatch_header_check_accepts_every_way_sbatch_reads_the_same_allocation(header):
     verdict = beyond.check(header)
     assert verdict.ok, verdict.reason
-    assert verdict.details == {"nodes": 2, "gpus_per_node": 4}
+    assert verdict.details["nodes"] == 3 and verdict.details["gpus_per_node"] == 8
+    assert verdict.details["cpus_per_task"] >= 32
 
 
 @pytest.mark.parametrize("header,reason", SBATCH_REFUSED)
 def test_the_sbatch_header_check_says_what_the_allocation_lacks(header, reason):
     verdict = beyond.check(header)
     assert not verdict.ok and reason in verdict.reason, verdict.reason
+
+
+def test_the_sbatch_header_check_refuses_the_usage_lines_printed_above_it():
+    """Notebook 06 prints deploy/train_ddp.sbatch just above the exercise: each of its usage
+    lines' options, moved into the header, asks for another job shape."""
+    from workshop_lib.labs.__main__ import prove_rules
+
+    examples = beyond.printed_examples()
+    course = (REPO / "deploy" / "train_ddp.sbatch").read_text()
+    usage_lines = re.findall(r"^#[^.]*\bsbatch -", course, re.M)
+    assert usage_lines and len(examples) == len(usage_lines), (usage_lines, examples)
+    assert any("--gpus-per-node=" in example for example in examples), examples
+    for example in examples:
+        assert not beyond.check(example).ok, example
+    assert prove_rules(EXERCISES["sbatch_header"]) == []
 
 
 def test_the_sbatch_header_check_reads_a_batch_script_file(tmp_path):

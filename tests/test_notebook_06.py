@@ -38,7 +38,7 @@ def test_the_exercise_cell_holds_the_librarys_stub():
 
 def test_the_exercise_passes_with_its_reference_solution(executed):
     _, text, _ = executed
-    assert "PASS: 2 nodes x 1 torchrun agent x 4 GPUs: 8 processes" in text
+    assert "PASS: 3 nodes x 1 torchrun agent x 8 GPUs: 24 processes" in text
     assert "NOT YET" not in text
 
 

@@ -2,11 +2,14 @@
 
 The course's ``deploy/train_ddp.sbatch`` runs one torchrun agent per node (``srun``), and
 each agent starts one process per GPU. The learner writes the ``#SBATCH`` lines that ask
-for 2 nodes with 4 GPUs each for it; the check reads them as ``sbatch`` does (the same
-option names, short forms and ``=`` or space; only the lines before the script's first
-command; the last of a repeated option) and says what the allocation would be. Options it
-does not judge (``--mem``, ``--account``, ``--exclusive``, ...) are accepted as they are;
-one that looks like a misspelt option it judges is not.
+for 3 nodes with 8 GPUs each and 4 CPU cores per GPU for it: a shape the script's own
+usage lines, printed just above the exercise, do not hold (those are refused), and whose
+CPUs are a number to work out: one task per node runs all the node's ranks, so its
+``--cpus-per-task`` is the node's CPUs. The check reads the lines as ``sbatch`` does (the
+same option names, short forms and ``=`` or space; only the lines before the script's
+first command; the last of a repeated option) and says what the allocation would be.
+Options it does not judge (``--mem``, ``--account``, ``--exclusive``, ...) are accepted as
+they are; one that looks like a misspelt option it judges is not.
 """
 import difflib
 import re
@@ -15,15 +18,17 @@ from pathlib import Path
 
 from workshop_lib.labs import Exercise, Verdict, register
 
-NODES, GPUS_PER_NODE = 2, 4
+NODES, GPUS_PER_NODE, CPUS_PER_GPU = 3, 8, 4
+COURSE_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "train_ddp.sbatch"
 # The options the check judges: sbatch's long name -> its short form, if any.
 JUDGED = {"--nodes": "-N", "--ntasks": "-n", "--ntasks-per-node": None, "--gpus": "-G",
-          "--gpus-per-node": None, "--gpus-per-task": None, "--gres": None, "--time": "-t"}
+          "--gpus-per-node": None, "--gpus-per-task": None, "--gres": None, "--time": "-t",
+          "--cpus-per-task": "-c"}
 SHORT = {short: long for long, short in JUDGED.items() if short}
 # sbatch's other options (from its manual), accepted as they are.
 OTHERS = set("""--account --acctg-freq --array --batch --bb --bbf --begin --chdir
 --cluster-constraint --clusters --comment --constraint --container --container-id
---contiguous --core-spec --cores-per-socket --cpu-freq --cpus-per-gpu --cpus-per-task
+--contiguous --core-spec --cores-per-socket --cpu-freq --cpus-per-gpu
 --deadline --delay-boot --dependency --distribution --error --exclude --exclusive --export
 --export-file --extra --extra-node-info --get-user-env --gid --gpu-bind --gpu-freq
 --gpus-per-socket --gres-flags --hint --hold --ignore-pbs --input --job-name
@@ -138,10 +143,29 @@ def allocation(text):
     elif gpus != GPUS_PER_NODE:
         problems.append(f"{gpus} GPU(s) per node: ask for {GPUS_PER_NODE} "
                         f"(--gpus-per-node={GPUS_PER_NODE} or --gres=gpu:{GPUS_PER_NODE})")
+    if gpus is not None:
+        problems += cpu_problems(options, others, gpus)
     if "--time" not in options:
         problems.append("no --time: many clusters refuse a job without a time limit, and "
                         "others give it the partition's shortest")
     return low, tasks, gpus, problems
+
+
+def cpu_problems(options, others, gpus):
+    """Whether the one task of each node gets CPUS_PER_GPU cores for each of its ``gpus``
+    ranks: the course script's srun passes ``--cpus-per-task`` on to the agent."""
+    wanted = gpus * CPUS_PER_GPU
+    if "--cpus-per-task" not in options:
+        extra = (" (--cpus-per-gpu sets no SLURM_CPUS_PER_TASK, which the script's srun "
+                 "passes on to the agent)" if "--cpus-per-gpu" in others else "")
+        return [f"no --cpus-per-task: the job needs {CPUS_PER_GPU} CPU cores per GPU, and "
+                f"the one task on each node runs all its ranks{extra}"]
+    cpus = count(options, "--cpus-per-task")[0]
+    if cpus < wanted:
+        return [f"--cpus-per-task={cpus} gives each node's {gpus} rank(s) "
+                f"{cpus / max(gpus, 1):g} core(s) each: the job needs {CPUS_PER_GPU} per "
+                f"GPU, and the one task on each node runs all its ranks"]
+    return []
 
 
 def check(answer):
@@ -154,9 +178,11 @@ def check(answer):
         return Verdict(False, str(error))
     if problems:
         return Verdict(False, "the allocation would not fit the job: " + "; ".join(problems))
+    cpus = count(sbatch_options(text)[0], "--cpus-per-task")[0]
     return Verdict(True, f"{nodes} nodes x 1 torchrun agent x {gpus} GPUs: "
-                         f"{nodes * gpus} processes, world size {nodes * gpus}",
-                   details={"nodes": nodes, "gpus_per_node": gpus})
+                         f"{nodes * gpus} processes, world size {nodes * gpus}, "
+                         f"{cpus} CPU cores per node ({cpus // gpus} per process)",
+                   details={"nodes": nodes, "gpus_per_node": gpus, "cpus_per_task": cpus})
 
 
 STUB = """#!/bin/bash
@@ -166,12 +192,30 @@ STUB = """#!/bin/bash
 """
 REFERENCE = """#!/bin/bash
 #SBATCH --job-name=train_ddp
-#SBATCH --nodes=2
+#SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=4
+#SBATCH --gpus-per-node=8
 #SBATCH --cpus-per-task=32
 #SBATCH --time=00:30:00
 """
+
+
+def printed_examples(course_script=COURSE_SCRIPT):
+    """The course script's usage lines (``#   sbatch --nodes=2 ... deploy/train_ddp.sbatch``),
+    which notebook 06 prints above the exercise, each moved into a header: the script's
+    own ``#SBATCH`` lines, then the usage line's options (sbatch's command line wins over
+    the header, as the last of a repeated option does here)."""
+    text = Path(course_script).read_text()
+    own = "".join(line + "\n" for line in text.splitlines() if line.startswith("#SBATCH"))
+    usage = re.findall(r"^#\s+(?:\w+=\S+\s+)?sbatch\s+((?:-\S+\s+)*?(?:\\\n#\s+)?"
+                       r"(?:-\S+\s+)*)", text, re.M)
+    headers = []
+    for flags in usage:
+        options = [word for word in flags.replace("\\\n#", " ").split()
+                   if word.startswith("-")]
+        if options:
+            headers.append("#!/bin/bash\n" + own + f"#SBATCH {' '.join(options)}\n")
+    return headers
 
 
 def batch_script(header, course_script):
@@ -191,7 +235,11 @@ def solution(path=None):
 
 
 register(Exercise("sbatch_header", "06_beyond_one_machine",
-                  "ask SLURM for 2 nodes x 4 GPUs",
-                  writes="my_job.sbatch: the #SBATCH lines of a 2-node x 4-GPU torchrun job",
+                  f"ask SLURM for {NODES} nodes x {GPUS_PER_NODE} GPUs, {CPUS_PER_GPU} cores "
+                  f"per GPU",
+                  writes=f"my_job.sbatch: the #SBATCH lines of a {NODES}-node x "
+                         f"{GPUS_PER_NODE}-GPU torchrun job",
                   check=check, stub=lambda: STUB,
-                  solution=solution, stub_reason="would not fit the job"))
+                  solution=solution, stub_reason="would not fit the job",
+                  # the usage lines printed above the exercise, moved into the header
+                  earlier_runs=lambda **_: printed_examples()))
