@@ -21,7 +21,8 @@ through their own account and token:
   in Chromium, memory, processes and file size past the limits, plain HTTP off the
   loopback: each blocked, one line each.
 
-The hub serves HTTPS with a self-signed certificate the kit made (--self-signed).
+The hub serves HTTPS with a self-signed certificate the kit made (--self-signed). Last, a
+class of 30 learner accounts logs in, starts its servers and runs a cell, all at once.
 
 The SLURM variant runs the same hub with batchspawner on a one-node test SLURM with two fake
 GPUs (tests/slurm.py): two learners' servers run as their jobs with disjoint
@@ -53,6 +54,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -1038,6 +1040,78 @@ def test_slurm_third_learner_waits_in_the_queue_then_starts(slurm_day, classroom
     devices = slurm_day["devices"]
     assert devices[third] == devices[first] != devices[second], devices
     assert slurm_day["third status"] == 200
+
+
+CLASS_SIZE = 30
+
+
+def start_when_let_in(hub, user, token, timeout=SERVER_START_S):
+    """Ask for the learner's server until the hub takes the request: past
+    concurrent_spawn_limit it answers 429 and the learner's page tries again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = hub.request("POST", f"/hub/api/users/{user}/server", token)
+        if status in (201, 202):
+            return
+        assert status == 429 and time.monotonic() < deadline, f"{user}: {status} {body}"
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def class_of_30(classroom, class_day):
+    """The whole class at once: CLASS_SIZE learner accounts log in (their own passwords,
+    over HTTPS), start their servers and run a cell, all together; the times it took."""
+    state, accounts = classroom["state"], classroom["accounts"]
+    kit(state, "init", *classroom["init_args"])  # the local spawner again after SLURM's
+    kit(state, "accounts", "add", str(CLASS_SIZE), "--prefix", accounts.learner_prefix)
+    names = load_kit().learner_names(accounts.learner_prefix, CLASS_SIZE)
+    secret = passwords(state)
+    folder = Path(tempfile.mkdtemp(prefix="ddp-classroom-30-"))
+    result = {"names": names, "timings": {}}
+    hub = Hub(state, classroom["serve"], folder / "hub.log")
+    try:
+        with ThreadPoolExecutor(CLASS_SIZE) as pool:
+            start = time.monotonic()
+            tokens = dict(zip(names, pool.map(lambda user: hub.token(user, secret[user]),
+                                              names), strict=True))
+            result["timings"]["all logged in"] = time.monotonic() - start
+            assert all(tokens.values()), [user for user, token in tokens.items() if not token]
+
+            def ready(user):
+                start_when_let_in(hub, user, tokens[user])
+                hub.wait_ready(user, tokens[user])
+                return time.monotonic() - start
+
+            result["ready after"] = dict(zip(names, pool.map(ready, names), strict=True))
+            result["timings"]["all servers ready"] = time.monotonic() - start
+
+            def a_cell(user):
+                kernel_id = start_kernel(hub, user, tokens[user])
+                return run_cell(hub, user, tokens[user], kernel_id,
+                                "import os; print(os.getuid())")
+
+            start = time.monotonic()
+            result["cells"] = dict(zip(names, pool.map(a_cell, names), strict=True))
+            result["timings"]["a cell each"] = time.monotonic() - start
+        result["hub answers"] = hub.request("GET", "/hub/api/")[0]
+    finally:
+        start = time.monotonic()
+        hub.stop()
+        result["timings"]["hub stop"] = time.monotonic() - start
+        print(f"\nclass of {CLASS_SIZE} timings (s): "
+              + ", ".join(f"{k} {v:.0f}" for k, v in result["timings"].items()))
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+@pytest.mark.slow
+def test_a_class_of_30_logs_in_starts_and_runs_a_cell_at_once(class_of_30):
+    names = class_of_30["names"]
+    assert set(class_of_30["ready after"]) == set(names)
+    uids = {user: str(pwd.getpwnam(user).pw_uid) for user in names}
+    ran = {user: said.strip() for user, said in class_of_30["cells"].items()}
+    assert ran == uids, "each cell ran in its own learner's kernel, as that learner"
+    assert class_of_30["hub answers"] == 200
 
 
 # The kit's parts that start nothing: fast.
