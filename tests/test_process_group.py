@@ -9,9 +9,9 @@ without any teardown, and destroys the group (the collective, clean shutdown) on
 the work finished; in a real process whose teardown never returns, the error still ends
 it, with its error file written.
 """
+import ast
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -155,16 +155,36 @@ def test_bench_worker_ends_at_once_on_error(one_rank, monkeypatch, tmp_path):
 
 # Every way into a process group: a module that joins one some other way needs its own
 # error path, and its own test above.
-JOINS = re.compile(r"\b(init_process_group|_abort_process_group|distributed\.abort)\(")
+JOINS = {"init_process_group", "_abort_process_group"}
+
+
+def joins_a_group(source):
+    """Whether ``source`` calls one of JOINS, or ``distributed.abort``: read from its syntax
+    tree, so a name inside a string or a comment (a lab that rewords a script) is no call."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in JOINS or (name == "abort" and isinstance(func, ast.Attribute)
+                                 and isinstance(func.value, ast.Name)
+                                 and func.value.id == "distributed"):
+                return True
+    return False
 
 
 def test_only_the_shared_helper_and_train_ddp_join_or_abort_a_group():
     """The learners' exercise files (labs/files) are plain scripts a learner writes, and
     are left out."""
     found = sorted(str(path.relative_to(REPO)) for path in (REPO / "workshop_lib").rglob("*.py")
-                   if "labs/files" not in path.as_posix() and JOINS.search(path.read_text()))
+                   if "labs/files" not in path.as_posix() and joins_a_group(path.read_text()))
     assert found == ["workshop_lib/distributed.py", "workshop_lib/train_ddp.py"]
     assert "_abort_process_group" not in (REPO / "workshop_lib/distributed.py").read_text()
+
+
+def test_the_reader_sees_calls_not_words():
+    assert joins_a_group("import torch.distributed as dist\ndist.init_process_group('gloo')")
+    assert joins_a_group("from workshop_lib import distributed\ndistributed.abort()")
+    assert not joins_a_group("text = 'dist.init_process_group(' # dist.init_process_group(")
 
 
 # A rank whose process-group teardown never returns, as NCCL's abort or destroy can when the

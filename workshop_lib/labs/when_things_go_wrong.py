@@ -21,13 +21,13 @@ model it saved has (a skipped or made-up evaluation does not pass), and that mod
 have learned. The scripts the notebook
 already ran are no answer: they are refused before anything launches.
 """
-import ast
 import io
 import tempfile
 from pathlib import Path
 
 from workshop_lib import data, launch, runlog
 from workshop_lib.labs import Exercise, Verdict, register
+from workshop_lib.labs._script_copies import same_code, with_words_changed, wraps_in_ddp
 
 FILES = Path(__file__).resolve().parent / "files"
 DIST_TIMEOUT_S, LIMIT_S = 20, 120
@@ -137,53 +137,6 @@ def check_eval(path):
         "Find what rank 0 calls that the other ranks do not, and fix it",
         [(FILES / "debugging_solution.py", first), (path.parent / "my_debug_job.py", first),
          (FILES / "debugging_stub.py", "the first job, debug_job.py")])
-
-
-def same_code(text, other):
-    """Whether two scripts are the same code, whatever their comments, docstrings and
-    layout."""
-    try:
-        return ast.dump(code_only(text)) == ast.dump(code_only(other))
-    except SyntaxError:
-        return False
-
-
-def code_only(text):
-    """The script's syntax tree without its docstrings or any other statement that is only a
-    string: like comments, they change nothing the script does."""
-    tree = ast.parse(text)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            kept = [statement for statement in body if not (
-                isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
-                and isinstance(statement.value.value, str))]
-            node.body = kept or [ast.Pass()]
-    return tree
-
-
-def with_words_changed(path):
-    """``path``'s script with its docstrings reworded and a comment added (a copy that
-    changes only what the code says, not what it does); returns ``path``."""
-    path = Path(path)
-    text = path.read_text().replace('"""', '"""Reworded: ', 1)
-    text = text.replace("    dist.init_process_group(", "    # set up the group\n"
-                                                       "    dist.init_process_group(", 1)
-    path.write_text(text.replace('"""[', '"""Reworded: [', 1))
-    return path
-
-
-def wraps_in_ddp(text):
-    """Whether a script calls DistributedDataParallel (under that name, or as DDP)."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return True  # let the launch report the syntax error, with its line
-    names = {"DDP", "DistributedDataParallel"}
-    return any(isinstance(node, ast.Call) and (
-        isinstance(node.func, ast.Name) and node.func.id in names
-        or isinstance(node.func, ast.Attribute) and node.func.attr in names)
-        for node in ast.walk(tree))
 
 
 def copy(name, path=None, default="my_debug_job.py"):
