@@ -85,8 +85,9 @@ SESSIONS = (
             # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
             # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
             # from-scratch check 36); the whole notebook 313 s and 466 s in two runs
-            # reading: 20 min, and 3 for Amdahl's law (no run: it reads the comparison's)
-            Budget(reading=23, exercises=45, cpu_run=5, gpu_run=10,
+            # reading: 20 min, 3 for Amdahl's law (no run: it reads the comparison's), 2
+            # for the picture of a DDP step
+            Budget(reading=25, exercises=45, cpu_run=5, gpu_run=10,
                    optional=(("how close to the physical limit?", 10),
                              ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",
