@@ -1237,3 +1237,23 @@ def test_sizes_are_read_with_their_unit():
     assert kit_module.parse_size("0") == 0
     with pytest.raises(kit_module.KitError, match="not a size"):
         kit_module.parse_size("lots")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes folders of other accounts: needs root")
+def test_init_refuses_a_course_exchange_folder_another_account_made_first(tmp_path):
+    """A learner who made exchange/<course> before `init` would own the release and read
+    every submission: init names the folder and stops. Two system accounts stand in for
+    the grader (daemon) and the squatter (nobody)."""
+    kit_module = load_kit()
+    course = tmp_path / "exchange" / COURSE_ID
+    course.mkdir(parents=True)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(course, nobody.pw_uid, nobody.pw_gid)
+    with pytest.raises(kit_module.KitError, match=f"{course} belongs to uid {nobody.pw_uid}"):
+        kit_module.make_exchange(tmp_path, "daemon", COURSE_ID)
+    course.rmdir()
+    kit_module.make_exchange(tmp_path, "daemon", COURSE_ID)
+    daemon = pwd.getpwnam("daemon").pw_uid
+    for name, mode in kit_module.EXCHANGE_MODES.items():
+        folder = course / name
+        assert (folder.stat().st_uid, stat.S_IMODE(folder.stat().st_mode)) == (daemon, mode)
