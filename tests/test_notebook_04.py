@@ -102,6 +102,16 @@ def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(execu
     assert "most recent call first" in dump, "each rank wrote its own stack: no tracer"
     for rank, line in when_things_go_wrong.WAITS.items():  # the answer is what the dump showed
         assert f"(debug_job.py:{when_things_go_wrong.line_of(line)})" in dump, (rank, line)
+    # The picture after the answer reads the same dump: each rank at its line, in its call.
+    assert "The picture of where each rank waits comes once" not in text
+    script = Path(tempfile.mkdtemp()) / "debug_job.py"
+    script.write_text((when_things_go_wrong.FILES / "debugging_stub.py").read_text())
+    first_job = re.split(r"===== rank (\d) \(pid \d+\) =====", dump)[1:5]
+    waiting = {int(rank): stacks.where_waiting(text, str(script))
+               for rank, text in zip(first_job[::2], first_job[1::2], strict=True)}
+    for rank, line in when_things_go_wrong.WAITS.items():
+        assert waiting[rank]["line"] == when_things_go_wrong.line_of(line), waiting
+        assert waiting[rank]["calls"] == line.removeprefix("dist.").split("(")[0], waiting
 
 
 @pytest.mark.slow

@@ -49,3 +49,26 @@ def test_the_reader_sees_a_use_before_a_definition():
     cells = [("a", 1, "every rank waits"), ("a", 2, "a **rank** is a process")]
     assert first(TERMS["rank"], cells) == ("a", 1)
     assert first(r"\*\*rank\*\*", cells) == ("a", 2)
+
+
+def core_day_notebooks():
+    return [s.notebook for s in day.SESSIONS
+            if s.minutes is not None and s.notebook.startswith("notebooks/")]
+
+
+def code_sources(notebook):
+    cells = json.loads((REPO / notebook).read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("notebook", core_day_notebooks())
+def test_every_notebook_of_the_core_day_draws_a_figure(notebook):
+    assert any(re.search(r"\bplots\.(plot|draw)_\w+\(", source)
+               for source in code_sources(notebook)), f"{notebook} draws no figure"
+
+
+def test_02_draws_the_ddp_step_before_its_conversion_exercise():
+    sources = code_sources("notebooks/02_from_one_gpu_to_many.ipynb")
+    drawn = next(i for i, s in enumerate(sources) if "plots.draw_ddp_step(" in s)
+    exercise = next(i for i, s in enumerate(sources) if s.startswith("%%writefile my_train_ddp"))
+    assert drawn < exercise

@@ -202,3 +202,35 @@ def draw_ddp_step(buckets, world_size, model_name, ax=None):
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     return ax
+
+
+def draw_hung_job(waiting, script, ax=None):
+    """Who waits where in a hung job: one row per rank, the line of ``script`` it waits in
+    (``waiting``: ``{rank: stacks.where_waiting(...)}``, from the job's own dump) and the
+    call it made there. Ranks in different calls wait for each other for ever: every
+    collective needs every rank, in the same order."""
+    ranks = sorted(waiting)
+    ax = _axes(ax, figsize=(10, 0.9 + 0.8 * len(ranks)))
+    calls = {w["calls"] for w in waiting.values() if w}
+    for row, rank in enumerate(ranks):
+        y = len(ranks) - 1 - row
+        where = waiting[rank]
+        ax.broken_barh([(0, 1)], (y - 0.3, 0.6), color="tab:blue")
+        ax.text(0.5, y, f"rank {rank}", ha="center", va="center", color="white")
+        label = (f"waits in {where['calls']}()  ({script}:{where['line']}: {where['code']})"
+                 if where else f"not in {script}")
+        ax.broken_barh([(1.1, 5.9)], (y - 0.3, 0.6), color="tab:red" if len(calls) > 1
+                       else "tab:orange", alpha=0.25)
+        ax.text(1.2, y, label, ha="left", va="center", family="monospace", fontsize="small")
+    ax.set_xlim(0, 7.2)
+    ax.set_ylim(-0.6, len(ranks) - 0.4)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    verdict = (f"{len(calls)} different calls: each rank waits for the others in a "
+               f"collective they never enter, until the timeout" if len(calls) > 1 else
+               "every rank in the same call")
+    ax.set_title(f"where each rank of the hung job waits (its own stack dump): {verdict}",
+                 fontsize="medium")
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    return ax

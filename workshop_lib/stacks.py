@@ -138,3 +138,33 @@ def py_spy(pid):
             f"{(done.stderr.strip().splitlines() or ['no reason given'])[-1]}; tracing "
             f"another process needs ptrace rights (kernel.yama.ptrace_scope=0, or "
             f"SYS_PTRACE in a container))")
+
+
+# Frames a decorator adds between a call and the function called (torch's collectives are
+# wrapped by c10d_logger's ``wrapper``): the call a rank made is the first frame past them.
+DECORATORS = {"wrapper", "inner", "_fn", "decorate_context"}
+READABLE_FRAME = re.compile(r"^\s+(?P<function>\S+) \((?P<file>.+):(?P<line>\d+)\)$")
+
+
+def where_waiting(text, script):
+    """Where a rank of ``dump``'s ``text`` waits in ``script`` (a file name as the dump
+    shows it): ``{"line": n, "code": that line of the script, "calls": the function it
+    called there}``, from the innermost thread that runs ``script``; None if none does."""
+    thread = []
+    for line in [*text.splitlines(), ""]:
+        frame = READABLE_FRAME.match(line)
+        if frame:
+            thread.append(frame)
+            continue
+        ours = [i for i, f in enumerate(thread) if Path(f["file"]).name == Path(script).name]
+        if ours:
+            innermost = ours[0]
+            number = int(thread[innermost]["line"])
+            lines = Path(script).read_text().splitlines() if Path(script).is_file() else []
+            called = [f["function"] for f in reversed(thread[:innermost])
+                      if f["function"] not in DECORATORS]
+            return {"line": number,
+                    "code": lines[number - 1].strip() if number <= len(lines) else "",
+                    "calls": called[0] if called else None}
+        thread = []
+    return None

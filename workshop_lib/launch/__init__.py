@@ -252,15 +252,18 @@ class Job:
         return dict(sorted(pids.items()))
 
     def dump_stacks(self):
-        """Print where every rank's Python code is now, rank by rank, innermost frame first:
+        """Print where every rank's Python code is now, rank by rank, innermost frame first
+        (and return it, ``{rank: text}``):
         each rank of a course job writes its own stack on a signal (``stacks.py``), which
         needs no ptrace rights; py-spy serves only a process that does not."""
         self.logs.poll()
         pids = self.worker_pids()
         if not pids:
             print("no rank is running (the job ended, or has not started its processes yet)")
-        for rank, text in stacks.dump(pids, self.stacks_dir).items():
+        dumps = stacks.dump(pids, self.stacks_dir)
+        for rank, text in dumps.items():
             print(f"===== rank {rank} (pid {pids[rank]}) =====\n{text}")
+        return dumps
 
     def wait_until_stuck(self, timeout=90, looks=3, every_s=1.0):
         """Wait until every rank's stack has stayed the same for ``looks`` looks ``every_s``
