@@ -2,7 +2,10 @@
 
 While the first DDP run trains, the learner watches it (the GPU dashboard or
 ``nvidia-smi -l 1`` on GPUs, ``top`` on a CPU machine, and the run's own start-up lines)
-and fills in what they saw. The check compares each entry with the run's record.
+and fills in what they saw, then works out one quantity the run did not print: how many
+optimizer steps an epoch would take on twice as many processes at the same batch per process
+(each rank's share of the samples halves, padded as ``DistributedSampler`` pads, and a last
+short batch still counts as a step). The check compares each entry with the run's record.
 """
 import math
 
@@ -15,6 +18,9 @@ FIELDS = {
     "device_type": "what each process trained on: 'cpu' or 'cuda'",
     "samples_per_rank": "training samples each rank drew per epoch ('samples=' in its line)",
     "global_batch": "samples per optimizer step over all ranks ('global_batch_size=')",
+    "steps_on_twice_the_processes": "optimizer steps per epoch on twice as many processes, "
+                                    "the same batch per process (work it out: the run "
+                                    "printed its own steps, not these)",
 }
 
 
@@ -25,7 +31,9 @@ def observed_in(run):
     return {"processes": world,
             "device_type": run.start["device"].split(":")[0],
             "samples_per_rank": math.ceil(len(train_set) / world),
-            "global_batch": run.start["global_batch_size"]}
+            "global_batch": run.start["global_batch_size"],
+            "steps_on_twice_the_processes": math.ceil(
+                math.ceil(len(train_set) / (2 * world)) / run.start["batch_size"])}
 
 
 def stub(run=None):
@@ -53,10 +61,19 @@ def check(observed, run):
     if wrong:
         return Verdict(False, "; ".join(f"{key}: you wrote {observed[key]!r}, the run's record "
                                         f"says {expected[key]!r}" for key in wrong)
-                       + ". Read the start-up lines the run printed")
+                       + ". Read the start-up lines the run printed (the steps on twice the "
+                         "processes: ceil(samples / (2 x processes)) per rank, then batches of "
+                         "the batch per process)")
     return Verdict(True, f"{expected['processes']} process(es) on {expected['device_type']}, "
                          f"{expected['samples_per_rank']} samples each per epoch, a global "
-                         f"batch of {expected['global_batch']}: that is what the job did")
+                         f"batch of {expected['global_batch']}: that is what the job did; on "
+                         f"{2 * expected['processes']} processes an epoch would take "
+                         f"{expected['steps_on_twice_the_processes']} steps")
+
+
+def earlier_runs(run):
+    """The run's own printed steps copied as the answer for twice the processes."""
+    return [{**observed_in(run), "steps_on_twice_the_processes": run.start["steps_per_epoch"]}]
 
 
 def context():
@@ -77,4 +94,4 @@ def context():
 register(Exercise("welcome", "00_welcome", "record what each process of the first run did",
                   writes="observed: what each process of the first DDP job reported",
                   check=check, stub=stub, solution=solution, stub_reason="fill in what you saw",
-                  context=context, shown=shown))
+                  context=context, shown=shown, earlier_runs=earlier_runs))
