@@ -188,7 +188,7 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
-def shards_by_epoch(n, world_size, epochs, set_epoch=True, seed=0):
+def shards_by_epoch(n, world_size, epochs, set_epoch=True, seed=0, shuffle=True):
     """What ``DistributedSampler`` hands each rank: ``[epoch][rank] -> list of indices``.
 
     Notebook 02 uses it to show the split, and what happens without ``set_epoch``.
@@ -196,7 +196,7 @@ def shards_by_epoch(n, world_size, epochs, set_epoch=True, seed=0):
     from torch.utils.data.distributed import DistributedSampler
 
     dataset = range(n)
-    samplers = [DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed)
+    samplers = [DistributedSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed)
                 for rank in range(world_size)]
     result = []
     for epoch in range(epochs):

@@ -48,6 +48,7 @@ FILES = Path(__file__).resolve().parent / "files"
 
 N, WORLD = 10, 2          # the question's dataset size and ranks
 N_PADDED, WORLD_PADDED = 10, 3
+N_IN_ORDER, WORLD_IN_ORDER, RANK_IN_ORDER = 11, 4, 3  # the worked-out question
 
 QUESTIONS = {
     "shard_size": f"how many of the {N} samples rank 1 trains on per epoch, with {WORLD} ranks",
@@ -59,6 +60,9 @@ QUESTIONS = {
                                  "(True/False)",
     "padding_samples": f"with {N_PADDED} samples on {WORLD_PADDED} ranks, how many samples "
                        f"does the sampler hand out twice in one epoch?",
+    "last_rank_in_order": f"with {N_IN_ORDER} samples on {WORLD_IN_ORDER} ranks and "
+                          f"shuffle=False, the list of indices rank {RANK_IN_ORDER} gets "
+                          f"(apply all three rules)",
 }
 WHY = {
     "shard_size": "each rank gets ceil(N / world_size) indices",
@@ -69,6 +73,10 @@ WHY = {
                                  "every epoch",
     "padding_samples": "the sampler pads to a multiple of world_size by repeating the first "
                        "indices: ceil(10 / 3) * 3 - 10 of them",
+    "last_rank_in_order": f"unshuffled, the list 0..{N_IN_ORDER - 1} is padded with its first "
+                          f"indices to a multiple of {WORLD_IN_ORDER}, and rank "
+                          f"{RANK_IN_ORDER} takes every {WORLD_IN_ORDER}th from position "
+                          f"{RANK_IN_ORDER}",
 }
 
 
@@ -86,6 +94,8 @@ def truth():
         "new_split_with_set_epoch": set(with_epoch[1][1]) != set(rank1),
         "repeats_without_set_epoch": without[1] == without[0],
         "padding_samples": len(handed_out) - len(set(handed_out)),
+        "last_rank_in_order": data.shards_by_epoch(N_IN_ORDER, WORLD_IN_ORDER, epochs=1,
+                                                   shuffle=False)[0][RANK_IN_ORDER],
     }
 
 
@@ -97,6 +107,11 @@ def sampler_solution():
     return truth()
 
 
+def _as_compared(answer):
+    """A list of indices may be written as a tuple too."""
+    return list(answer) if isinstance(answer, tuple) else answer
+
+
 def check_sampler(answers):
     if not isinstance(answers, dict):
         return Verdict(False, "my_answers should be the dict of the cell above, with your "
@@ -106,7 +121,7 @@ def check_sampler(answers):
     if missing:
         return Verdict(False, f"answer every question first: {', '.join(missing)} still None "
                               f"({QUESTIONS[missing[0]]})")
-    wrong = [key for key in QUESTIONS if answers[key] != expected[key]]
+    wrong = [key for key in QUESTIONS if _as_compared(answers[key]) != expected[key]]
     if wrong:
         reasons = "; ".join(f"{key}: you said {answers[key]!r}, the sampler gives "
                             f"{expected[key]!r} ({WHY[key]})" for key in wrong)
@@ -116,7 +131,7 @@ def check_sampler(answers):
 
 
 register(Exercise("sampler", "02_from_one_gpu_to_many", "predict DistributedSampler's shards",
-                  writes="my_answers: six predictions of what each rank's sampler hands out",
+                  writes="my_answers: seven predictions of what each rank's sampler hands out",
                   check=check_sampler, stub=sampler_stub, solution=sampler_solution,
                   stub_reason="answer every question"))
 

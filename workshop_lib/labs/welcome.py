@@ -32,8 +32,8 @@ def observed_in(run):
             "device_type": run.start["device"].split(":")[0],
             "samples_per_rank": math.ceil(len(train_set) / world),
             "global_batch": run.start["global_batch_size"],
-            "steps_on_twice_the_processes": math.ceil(
-                math.ceil(len(train_set) / (2 * world)) / run.start["batch_size"])}
+            "steps_on_twice_the_processes": data.steps_per_epoch(
+                len(train_set), 2 * world, run.start["batch_size"])}
 
 
 def stub(run=None):
