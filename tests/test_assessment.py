@@ -7,8 +7,8 @@ untouched release, typical mistakes (each must lose exactly its requirements), a
 variant that must keep full marks, learners' attempts at changing the grade from cells
 of their own (each must score exactly what its script earns), and a job that never
 finishes. `make autograde` grades them, each with a real torchrun launch of the learner's
-script (on the CPU only the graded run: the speed-up is measured where it is required, on
-GPUs); the scores
+script (on the CPU only the graded run: the speed-up, reported and never required, is
+measured on GPUs); the scores
 are read from nbgrader's gradebook, because nbgrader exits 0 even when tests fail. To keep
 CI time down, most attempts at changing the grade ride on a submission with a mistake:
 without the guards they would turn its lost points into full marks.
@@ -16,8 +16,11 @@ without the guards they would turn its lost points into full marks.
 The variants nbgrader adds nothing to (no cell or file of the learner's beyond the
 script) are graded through the engine alone, ``ddp_checks.launch`` with the graded run's
 settings and each check, one torchrun launch each: the mistakes in averaging the
-gradients, a job of identical copies without a process group, and correct variants
-(gradient accumulation with no_sync, a different initialisation per rank). One of them
+gradients (also a job that averages only its first 3 steps, or all but its last), a job of
+identical copies without a process group, and correct variants (gradient accumulation
+with no_sync, a different initialisation per rank, the table logged to stderr and the
+checkpoint saved with the course's checkpoint.save_atomic; every rank saving so loses
+requirement 5 only). One of them
 asks for the speed-up on the CPU too (SPEEDUP_VARIANT): the single-process launch that
 grading on GPUs adds, run for real.
 """
@@ -634,7 +637,9 @@ def test_cells_a_learner_adds_are_not_graded(course, student):
     assert script.split("\n")[0] == "%%writefile train_digits_ddp.py"
     if student == "script_cell_as_kernel_code":
         assert course["scores"][student]["total"][0] == 0
-        assert "the script never called load_data()" in feedback_text(course, student)
+        # The script it becomes runs in the sandbox, beside the recorder and the data only.
+        assert "stopped with ModuleNotFoundError: No module named 'ddp_checks'" in \
+            feedback_text(course, student)
     else:
         assert_only_failing(course, student, VARIANTS[student][1])
     assert "Dropped 1 cell(s) that are not part of the assignment" in course["autograde_log"]
@@ -740,7 +745,7 @@ def test_release_holds_nothing_of_the_solution_or_hidden_tests(course):
     for release in (ASSESSMENT / "release", course["path"] / "release"):
         files = [p for p in release.rglob("*") if p.is_file()]
         assert {p.name for p in files} == {NOTEBOOK, "ddp_checks.py", "ddp_recorder.py",
-                                           "digits_data.py"}
+                                           "ddp_sandbox.py", "digits_data.py"}
         for path in files:
             text = path.read_text()
             assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text

@@ -708,9 +708,9 @@ def _replay_verdict(run, replay):
             f"the same global batches by {ranks[worst]['averaged']:.2g} of a step's update "
             f"(at most {REPLAY_RTOL} allowed): average the gradients over the ranks at "
             f"every step. The replay trains each step on the batches all ranks took from "
-            f"their DataLoader since their previous step, with F.cross_entropy (the mean "
-            f"over those samples) and your optimizer; keep the model deterministic (no "
-            f"dropout).")
+            f"their DataLoader since their previous step, with F.cross_entropy (each "
+            f"batch's mean, averaged over the step's batches and ranks) and your "
+            f"optimizer; keep the model deterministic (no dropout).")
 
 
 def check_gradients_averaged_over_ranks(run):
