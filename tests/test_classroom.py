@@ -452,6 +452,26 @@ def run_cell(hub, user, token, kernel_id, code, timeout=120):
     return asyncio.run(asyncio.wait_for(session(), timeout + 10))
 
 
+# Notebook 04's stack-dump steps, as a learner runs them in their own kernel on the class
+# server: start the hanging job, wait until it is stuck, take every rank's stack (the ranks
+# write their own: a learner account may not ptrace them), answer where each rank waits
+# from that dump, and let the exercise's check judge the answer.
+STACK_DUMP_CELL = """
+import os, tempfile
+os.chdir(tempfile.mkdtemp(dir=os.path.expanduser("~")))
+from workshop_lib import labs, launch, stacks
+buggy = labs.get("debugging").stub(path="debug_job.py")
+job = launch.start([str(buggy), "--out", "runs/debug", "--dist-timeout", "20"], nproc=2,
+                   env={"CUDA_VISIBLE_DEVICES": ""}, quiet=True)
+print("STUCK", job.wait_until_stuck(timeout=240))
+dumps = job.dump_stacks()
+job.wait(timeout=120)
+answer = {rank: stacks.where_waiting(text, "debug_job.py")["line"]
+          for rank, text in dumps.items()}
+print("VERDICT", labs.get("stuck_ranks").check(answer).ok)
+"""
+
+
 def start_kernel(hub, user, token):
     return hub.ok("POST", f"/user/{user}/api/kernels", token, json_body={})["id"]
 
@@ -680,6 +700,11 @@ def class_day(classroom, tmp_path_factory):
                                             accounts.instructor, instructor,
                                             secret["instructor_password"], folder))
         attacks.update(limit_attacks(hub, learners[2], tokens[learners[2]]))
+        start = time.monotonic()
+        day["stack dump"] = run_cell(hub, learners[1], tokens[learners[1]],
+                                     start_kernel(hub, learners[1], tokens[learners[1]]),
+                                     STACK_DUMP_CELL, timeout=420)
+        day["timings"]["04's stack dump"] = time.monotonic() - start
 
         # The instructor collects, autogrades each submission and releases feedback.
         start = time.monotonic()
@@ -735,6 +760,16 @@ def test_every_attack_from_a_learner_account_is_blocked(class_day):
         print(f"  {'blocked' if blocked else 'OPEN   '}  {what}")
     assert len(attacks) >= 15
     assert all(attacks.values()), [what for what, blocked in attacks.items() if not blocked]
+
+
+@pytest.mark.slow
+def test_notebook_04s_stack_dump_works_from_a_learner_account(class_day):
+    """Each rank wrote its own stack (faulthandler's header, no tracer), and the answer read
+    from that dump passes 04's stuck-ranks check, in the learner's own kernel."""
+    said = class_day["stack dump"]
+    assert "STUCK True" in said and "VERDICT True" in said, said[-3000:]
+    assert said.count("most recent call first") >= 2, "each rank dumped its own stack"
+    assert "py-spy" not in said
 
 
 @pytest.mark.slow
