@@ -24,11 +24,11 @@ import torch.multiprocessing as mp
 from jupyter_client.connect import LocalPortCache
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
-from notebook_kernels import SOCKET_PATH_MAX, IpcKernelManager
 
 import conftest
 from conftest import execute_notebooks_side_by_side, notebook_text_outputs
 from workshop_lib.distributed import free_port
+from workshop_lib.kernels import SOCKET_PATH_MAX, IpcKernelManager
 
 pytestmark = pytest.mark.slow  # starts dozens of kernels and a gloo job
 

@@ -29,6 +29,7 @@ The machine, and processes
 - ``gloo_exit``      waits for gloo's threads before Python exits (registered on import)
 - ``launch``         a torchrun launcher with rank-tagged output and a failure summary
 - ``stacks``         each rank dumps its own Python stack on a signal: no tracer needed
+- ``kernels``        notebook kernels over private Unix sockets: no port to lose or to overhear
 - ``nodes``          several torchrun agents as the nodes of one job (notebook 06)
 - ``sweep``          many runs in one command: one device, one per GPU, or one launch
 - ``doctor``         ``python -m workshop_lib doctor``: what this machine will do
