@@ -27,6 +27,11 @@ OverwriteCells:
   instructor's folder since: grading stops, in one line), and each file of the folder
   being graded is written afresh from those bytes and its hash checked.
 
+- ``ExecuteOverPrivateSockets`` is nbgrader's Execute with the grading kernel's channels on
+  private Unix sockets (``workshop_lib.kernels``): over TCP on 127.0.0.1 any local account
+  could subscribe to the kernel's IOPub while a submission is graded and read every cell it
+  runs, the hidden tests among them, and what they print.
+
 The script itself is not kernel code: ddp_checks launches it in every rank, next to the
 recorder, inside the bubblewrap sandbox of ddp_sandbox.py (README.md, "What grading
 guarantees").
@@ -39,7 +44,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import find_all_files
 from traitlets import List, Unicode
 
@@ -213,3 +218,15 @@ class UseInstructorGradingFiles(NbGraderPreprocessor):
                 raise GradingFilesChanged(f"{target} does not hold the instructor's copy "
                                           f"after writing it: check that folder's disk.")
         return nb, resources
+
+
+class ExecuteOverPrivateSockets(Execute):
+    """nbgrader's Execute (its settings, ``c.Execute.timeout`` among them, apply) with the
+    kernel on private Unix sockets. nbgrader passes its own kernel manager class as an
+    argument, which configuration cannot override: this class passes ours."""
+
+    def __init__(self, *args, **kwargs):
+        from workshop_lib.kernels import IpcKernelManager
+
+        kwargs["kernel_manager_class"] = IpcKernelManager
+        super().__init__(*args, **kwargs)

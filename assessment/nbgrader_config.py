@@ -4,10 +4,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from nbgrader.converters import Autograde
 from nbgrader.preprocessors import (
     CheckCellMetadata,
     ClearOutput,
     DeduplicateIds,
+    Execute,
     OverwriteCells,
     OverwriteKernelspec,
 )
@@ -54,6 +56,11 @@ c.Autograde.sanitize_preprocessors = [
     _guard.UseInstructorGradingFiles,
     OverwriteCells, CheckCellMetadata,
 ]
+# The grading kernel on private Unix sockets, not on TCP ports another account can read.
+c.Autograde.autograde_preprocessors = [
+    _guard.ExecuteOverPrivateSockets if preprocessor is Execute else preprocessor
+    for preprocessor in Autograde.class_traits()["autograde_preprocessors"].default()]
+
 # The cell in which learners write their script: always graded as the file it writes.
 c.KeepAssignmentCellsOnly.script_cell = "ddp_script"
 c.KeepAssignmentCellsOnly.script_first_line = "%%writefile train_digits_ddp.py"
