@@ -234,3 +234,26 @@ def draw_hung_job(waiting, script, ax=None):
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     return ax
+
+
+def plot_step_noise(rules, lr, ref_batch, batches, ax=None):
+    """Notebook 03's picture of the rules: for each learning-rate rule (``scaling``'s
+    names), how noisy one step is and how much noise an epoch adds up, relative to the
+    reference batch, as the batch grows. A step's noise is the rate times the per-sample
+    spread over sqrt(batch), its variance rate^2 / batch; an epoch takes N / batch steps, so
+    the variance it adds up goes as rate^2 / batch^2. ``rules``: ``{rule: scaled_lr(batch)}``."""
+    ax = _axes(ax, figsize=(6, 4))
+    for rule, rate in rules.items():
+        step = [rate(b) / lr * (ref_batch / b) ** 0.5 for b in batches]
+        epoch = [(rate(b) / lr) ** 2 * (ref_batch / b) ** 2 for b in batches]
+        line, = ax.plot(batches, step, marker="o", markersize=3, label=f"{rule}: one step")
+        ax.plot(batches, epoch, linestyle="--", color=line.get_color(),
+                label=f"{rule}: one epoch (variance)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("global batch")
+    ax.set_ylabel(f"noise relative to batch {ref_batch}")
+    ax.set_title("how noisy a step, and an epoch, is under each rule")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    return ax
