@@ -22,7 +22,8 @@ with no_sync, a different initialisation per rank, the table logged to stderr an
 checkpoint saved with the course's checkpoint.save_atomic; every rank saving so loses
 requirement 5 only). One of them
 asks for the speed-up on the CPU too (SPEEDUP_VARIANT): the single-process launch that
-grading on GPUs adds, run for real.
+grading on GPUs adds, run for real. Notebook 02's reference conversion, and small edits of
+it (PRACTICE_VARIANTS), graded alike, must not pass: the practice is not the assessment.
 """
 import contextlib
 import csv
@@ -112,14 +113,17 @@ ENGINE_VARIANTS = {
         ("model.module.state_dict()", "model.state_dict()"),
     ], {"gradients_averaged_over_ranks"}, "each rank stepped on its own gradients"),
     "summed_gradients": ([
-        ("        loss.backward()\n", "        (loss * dist.get_world_size()).backward()\n"),
+        ("        (loss / in_step).backward()\n",
+         "        (loss * dist.get_world_size() / in_step).backward()\n"),
     ], {"gradients_averaged_over_ranks"}, "summed, not averaged"),
     "parameters_averaged_each_epoch": ([
         ("""    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 """, ""),
         ("model.module.state_dict()", "model.state_dict()"),
-        ("""        train_sums = train_one_epoch(model, train_loader, optimizer, device)
-""", """        train_sums = train_one_epoch(model, train_loader, optimizer, device)
+        ("""        train_sums = train_one_epoch(model, train_loader, optimizer, device,
+                                     args.accumulate)
+""", """        train_sums = train_one_epoch(model, train_loader, optimizer, device,
+                                     args.accumulate)
         with torch.no_grad():  # local SGD: the ranks' parameters averaged once per epoch
             for p in model.parameters():
                 dist.all_reduce(p)
@@ -132,24 +136,17 @@ ENGINE_VARIANTS = {
     "init_per_rank_then_broadcast": ([  # DDP broadcasts rank 0's parameters
         ("    torch.manual_seed(args.seed)\n", "    torch.manual_seed(args.seed + rank)\n"),
     ], set(), None),
-    "accumulate_no_sync": ([  # notebook 05's gradient accumulation, 2 batches per step
+    "accumulate_no_sync": ([  # notebook 05's gradient accumulation: no_sync
         ("import argparse\n", "import argparse\nimport contextlib\n"),
-        ("""    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-""", """    for i, (x, y) in enumerate(loader):
-        x, y = x.to(device), y.to(device)
-        # A step every second batch; the first backward skips DDP's all-reduce.
-        step = i % 2 == 1 or i + 1 == len(loader)
-        with contextlib.nullcontext() if step else model.no_sync():
+        ("""        loss = F.cross_entropy(model(x), y)
+        (loss / in_step).backward()
+        if (i + 1) % accumulate == 0 or i + 1 == len(loader):
+""", """        last = (i + 1) % accumulate == 0 or i + 1 == len(loader)
+        # The step's earlier batches skip DDP's all-reduce; its last averages them all.
+        with contextlib.nullcontext() if last else model.no_sync():
             loss = F.cross_entropy(model(x), y)
-            (loss / 2).backward()
-        if step:
-            optimizer.step()
-            optimizer.zero_grad()
+            (loss / in_step).backward()
+        if last:
 """),
     ], set(), None),
 }
@@ -159,31 +156,38 @@ ENGINE_VARIANTS = {
 # ranks end with the same parameters: the exploit of the replay that judged 3 steps.
 STOPS_AVERAGING = [
     ("import argparse\n", "import argparse\nimport contextlib\n"),
-    ("""def train_one_epoch(model, loader, optimizer, device):
-    \"\"\"Returns [sum of losses, samples] over this epoch's batches, as a tensor.\"\"\"
-    model.train()
+    ("""def train_one_epoch(model, loader, optimizer, device, accumulate):
 """, """STEPS_TAKEN = [0]
 
 
-def train_one_epoch(model, loader, optimizer, device):
-    \"\"\"Returns [sum of losses, samples] over this epoch's batches, as a tensor.\"\"\"
-    model.train()
-    averaged = AVERAGED(len(loader))
+def train_one_epoch(model, loader, optimizer, device, accumulate):
+"""),
+    ("""    model.train()
+    sums = torch.zeros(2, device=device)
+    optimizer.zero_grad()
+""", """    model.train()
+    sums = torch.zeros(2, device=device)
+    optimizer.zero_grad()
+    averaged = AVERAGED(-(-len(loader) // accumulate))
 """),
     # no_sync() around the forward too: DDP decides at the forward whether to all-reduce.
     ("""        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-""", """        optimizer.zero_grad()
-        with contextlib.nullcontext() if STEPS_TAKEN[0] < averaged else model.no_sync():
+        (loss / in_step).backward()
+        if (i + 1) % accumulate == 0 or i + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
+""", """        with contextlib.nullcontext() if STEPS_TAKEN[0] < averaged else model.no_sync():
             loss = F.cross_entropy(model(x), y)
-            loss.backward()
-        optimizer.step()
-        STEPS_TAKEN[0] += 1
+            (loss / in_step).backward()
+        if (i + 1) % accumulate == 0 or i + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
+            STEPS_TAKEN[0] += 1
 """),
-    ("""        train_sums = train_one_epoch(model, train_loader, optimizer, device)
-""", """        train_sums = train_one_epoch(model, train_loader, optimizer, device)
+    ("""        train_sums = train_one_epoch(model, train_loader, optimizer, device,
+                                     args.accumulate)
+""", """        train_sums = train_one_epoch(model, train_loader, optimizer, device,
+                                     args.accumulate)
         with torch.no_grad():  # the ranks' parameters made equal again
             for p in model.parameters():
                 dist.all_reduce(p)
@@ -195,7 +199,7 @@ EPOCHS_GRADED = notebook_configs()["graded"]["epochs"]
 
 def stops_averaging(averaged):
     """STOPS_AVERAGING with the number of averaged steps, an expression of the number of
-    steps per epoch (``steps``)."""
+    optimizer steps per epoch (``steps``)."""
     return [*STOPS_AVERAGING, ("\ndef parse_args(", f"\nAVERAGED = lambda steps: {averaged}"
                                                     f"\n\n\ndef parse_args(")]
 
@@ -245,6 +249,52 @@ ENGINE_VARIANTS.update({
     "save_atomic_every_rank": (SAVE_ATOMIC_EVERY_RANK, {"rank0_only_logs_and_writes"},
                                "rank 1 wrote out/checkpoint.pt"),
 })
+# Notebook 02's reference conversion (printed in full on the day), graded as a submission
+# as is and after small edits, each cumulative; the graded run passes --accumulate 2, which
+# the practice script does not have: none may pass. Each: edits, the test cells it must
+# fail (None: every one), words of its reason.
+PRACTICE = REPO / "workshop_lib" / "labs" / "files" / "conversion_solution.py"
+SWAPPED = [  # the assessment's data and model in place of the practice's
+    ("from workshop_lib.labs.conversion_data import load_data\n",
+     "from digits_data import load_data\n"),
+    ("    model = Net().to(device)\n",
+     "    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)\n"),
+]
+FLAG_IGNORED = [*SWAPPED, (
+    '    parser.add_argument("--lr", type=float, default=0.05)\n',
+    '    parser.add_argument("--lr", type=float, default=0.05)\n'
+    '    parser.add_argument("--accumulate", type=int, default=1)\n')]
+ACCUMULATES_SUMMED = [*FLAG_IGNORED, (  # a step every --accumulate batches, losses not divided
+    """        for x, y in self.train_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            self.optimizer.zero_grad()
+            F.cross_entropy(self.model(x), y).backward()  # DDP averages the gradients here
+            self.optimizer.step()
+""", """        self.optimizer.zero_grad()
+        for i, (x, y) in enumerate(self.train_loader):
+            x, y = x.to(self.device), y.to(self.device)
+            F.cross_entropy(self.model(x), y).backward()
+            if (i + 1) % self.accumulate == 0 or i + 1 == len(self.train_loader):
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+"""), (
+    "    Trainer(model, train_loader, val_loader, optimizer, device, args.out, rank)"
+    ".train(args.epochs)\n",
+    "    trainer = Trainer(model, train_loader, val_loader, optimizer, device, args.out, rank)\n"
+    "    trainer.accumulate = args.accumulate\n"
+    "    trainer.train(args.epochs)\n")]
+PRACTICE_VARIANTS = {
+    "practice_reference": ([], None, "error: unrecognized arguments: --accumulate 2"),
+    "practice_data_and_model_swapped": (SWAPPED, None,
+                                        "error: unrecognized arguments: --accumulate 2"),
+    "practice_accumulate_ignored": (
+        FLAG_IGNORED, {"gradients_averaged_over_ranks", "learning_rate_follows_global_batch"},
+        "optimizer steps took 1 batch(es) of train_set each (step 1 took 1, expected 2)"),
+    "practice_accumulates_summed": (
+        ACCUMULATES_SUMMED,
+        {"gradients_averaged_over_ranks", "learning_rate_follows_global_batch"},
+        "and each batch's loss by the number of batches its step accumulates"),
+}
 # Graded by the engine with Config(measure_speedup=True): also launched as a single process.
 SPEEDUP_VARIANT = "init_per_rank_then_broadcast"
 NEVER_FINISHES = [  # the epoch counter is never incremented
@@ -463,13 +513,17 @@ def engine(tmp_path_factory):
     report, "speed": Run.speed()}}``."""
     checks = load_checks()
     graded = {}
-    for name, (edits, _, _) in ENGINE_VARIANTS.items():
+    for name, (edits, _, _) in {**ENGINE_VARIANTS, **PRACTICE_VARIANTS}.items():
         config = checks.Config(**notebook_configs()["graded"],
                                measure_speedup=name == SPEEDUP_VARIANT)
         folder = tmp_path_factory.mktemp(name)
         shutil.copy(ASSESSMENT / "source" / ASSIGNMENT / "digits_data.py", folder)
-        script = ((SUBMISSIONS / f"{name}.py").read_text() if edits is None
-                  else with_edits(solution_script(), edits, name).split("\n", 1)[1])
+        if name in PRACTICE_VARIANTS:
+            script = with_edits(PRACTICE.read_text(), edits, name)
+        elif edits is None:
+            script = (SUBMISSIONS / f"{name}.py").read_text()
+        else:
+            script = with_edits(solution_script(), edits, name).split("\n", 1)[1]
         (folder / "train_digits_ddp.py").write_text(script)
         checks.RUN_DIR = folder / "grading_run"
         with contextlib.redirect_stdout(io.StringIO()):
@@ -567,6 +621,21 @@ def test_correct_variants_pass_and_jobs_that_are_not_data_parallel_do_not(engine
         "gradients_averaged_over_ranks"]
     assert "Not passed without shards_disjoint_and_cover and gradients_averaged_over_ranks" \
         in copies["printed"]
+
+
+@pytest.mark.parametrize("variant", PRACTICE_VARIANTS)
+def test_notebook_02s_reference_and_small_edits_of_it_do_not_pass(engine, variant):
+    """The practice's answer is not the assessment's: as is, with the assessment's data and
+    model swapped in, with --accumulate added but ignored (a step every batch), and with the
+    accumulation done but the batches' gradients summed: none passes, each for its reason."""
+    _, lost, reason = PRACTICE_VARIANTS[variant]
+    graded = engine[variant]
+    reasons = graded["reasons"]
+    failed = {grade_id for grade_id, why in reasons.items() if why}
+    assert failed == (lost or set(reasons)), reasons
+    assert any(reason in why for why in reasons.values() if why), reasons
+    assert graded["report"][1] is False
+    assert "Result: NOT PASSED" in graded["printed"]
 
 
 def test_every_graded_notebook_runs_within_the_limit(course):

@@ -42,10 +42,11 @@ ddp_checks = load("assessment_ddp_checks", SOURCE / "ddp_checks.py")
 ddp_recorder = load("assessment_ddp_recorder", SOURCE / "ddp_recorder.py")
 
 # A small job that does everything right: 2 ranks, 2 epochs, 26 training samples in
-# batches of 4 (DistributedSampler pads to 13 per rank: one repeat), 8 validation samples.
-WORLD, EPOCHS, BATCH, N_TRAIN, N_VAL, LR = 2, 2, 4, 26, 8, 0.05
-CONFIG = ddp_checks.Config(epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=0,
-                           target_accuracy=0.85)
+# batches of 4 (DistributedSampler pads to 13 per rank: one repeat), 2 batches per optimizer
+# step, 8 validation samples.
+WORLD, EPOCHS, BATCH, ACCUMULATE, N_TRAIN, N_VAL, LR = 2, 2, 4, 2, 26, 8, 0.05
+CONFIG = ddp_checks.Config(epochs=EPOCHS, batch_size=BATCH, accumulate=ACCUMULATE, lr=LR,
+                           seed=0, target_accuracy=0.85)
 PARAMS = [0.5, -1.25, 2.0, 0.0]
 
 
@@ -63,6 +64,19 @@ def sampler_shard(epoch, rank, drop_last=False, world=WORLD):
     else:
         order += order[:(-N_TRAIN) % world]
     return order[rank::world]
+
+
+def steps_taken(passes, accumulate=ACCUMULATE):
+    """The batches each optimizer step takes over ``passes``: ``accumulate`` each, an
+    epoch's last step those left."""
+    return [min(accumulate, len(p["batches"]) - first) for p in passes
+            if p["split"] == "train" for first in range(0, len(p["batches"]), accumulate)]
+
+
+def steps_follow_the_passes(run):
+    """A job's optimizer steps, each of ACCUMULATE batches, after a test changed its
+    passes."""
+    run.ranks[0]["replay"]["micro_batches"] = [steps_taken(r["passes"]) for r in run.ranks]
 
 
 def params_b64(values):
@@ -97,6 +111,7 @@ def good_run(tmp_path, world=WORLD, on_gpu=False, pass_s=0.5, config=CONFIG):
     # Every step matched: the summed and local replays are made only for a segment that
     # does not.
     ranks[0]["replay"] = {"steps": 8, "shared": 0, "shared_steps": 8,
+                          "micro_batches": [steps_taken(r["passes"]) for r in ranks],
                           "samples": [8 * BATCH] * world, "optimizer_end_gap": [0.0] * world,
                           "ranks": [{"start": 0.0, "averaged": 3e-7, "summed": None,
                                      "local": None} for _ in range(world)]}
@@ -148,6 +163,7 @@ def test_overlapping_shards_fail_cover(run):
         for epoch, p in enumerate(r for r in record["passes"] if r["split"] == "train"):
             p["batches"] = batches(random.Random(10 * epoch + rank).sample(range(N_TRAIN),
                                                                            N_TRAIN))
+    steps_follow_the_passes(run)
     assert failing(run) == {"shards_disjoint_and_cover"}
     assert "the ranks train on overlapping data" in check("shards_disjoint_and_cover", run)
 
@@ -159,6 +175,7 @@ def no_sampler(run):
     for record in run.ranks:
         for epoch, p in enumerate(r for r in record["passes"] if r["split"] == "train"):
             p["batches"] = batches(random.Random(epoch).sample(range(N_TRAIN), N_TRAIN))
+    steps_follow_the_passes(run)
     run.ranks[0]["replay"].update(shared=3 * BATCH, samples=[3 * BATCH] * WORLD)
     for result in run.ranks[0]["replay"]["ranks"]:
         result.update(averaged=2e-7, local=2e-7)
@@ -222,6 +239,39 @@ def test_gradients_not_averaged_are_named(run, mistake, reason):
     assert reason in check("gradients_averaged_over_ranks", run)
     assert check("gradients_averaged_over_ranks", run).startswith(
         "FAIL: in optimizer steps 1-8 (of 8) ")
+
+
+def test_a_step_after_every_batch_fails_the_accumulation_with_its_batches(run):
+    """The flag --accumulate added but ignored: DDP averages every step, and the replay
+    matches, but each step took one batch, not the graded run's two."""
+    replay = run.ranks[0]["replay"]
+    replay["micro_batches"] = [steps_taken(r["passes"], accumulate=1) for r in run.ranks]
+    assert failing(run) == {"gradients_averaged_over_ranks"}
+    reason = check("gradients_averaged_over_ranks", run)
+    assert reason.startswith("FAIL: rank 0's optimizer steps took 1 batch(es) of train_set "
+                             "each (step 1 took 1, expected 2): the graded run passes "
+                             "--accumulate 2")
+
+
+def test_an_epochs_last_step_takes_the_batches_left(tmp_path, monkeypatch):
+    """Three ranks: 9 samples each, 3 batches an epoch, steps of 2 batches and 1."""
+    monkeypatch.chdir(tmp_path)
+    run = good_run(tmp_path, world=3)
+    assert run.ranks[0]["replay"]["micro_batches"][0] == [2, 1, 2, 1]
+    assert check("gradients_averaged_over_ranks", run).startswith("PASS")
+    run.ranks[0]["replay"]["micro_batches"][2] = [2, 2, 2]  # across the epoch's end
+    assert "rank 2's optimizer steps took 2 batch(es) of train_set each (step 2 took 2, " \
+        "expected 1)" in check("gradients_averaged_over_ranks", run)
+
+
+def test_gradients_summed_over_the_steps_batches_are_named(run):
+    """At 2 ranks and 2 batches a step, batches summed and ranks summed give the same
+    gradient: the reason names both."""
+    run.ranks[0]["replay"]["segment"] = [1, 8]
+    for result in run.ranks[0]["replay"]["ranks"]:
+        result.update({"averaged": 0.6, "summed": 1e-7, "local": 0.6})
+    assert "and each batch's loss by the number of batches its step accumulates " \
+        "(--accumulate 2)" in check("gradients_averaged_over_ranks", run)
 
 
 def test_a_job_that_stops_averaging_late_fails_in_that_segment(run):
@@ -929,6 +979,15 @@ def test_recorder_reports_a_crash_at_the_scripts_line(toy):
                                "where": f"toy.py line {line}, in <module>: raise "
                                         f"NotImplementedError()"}
     assert "replay" not in record
+
+
+def test_recorder_reports_why_the_script_exited(toy):
+    """A flag the script does not have: argparse's error, its last line on stderr."""
+    _, record = record_toy(toy, "--no-such-flag", "2")
+    assert record["error"]["type"] == "SystemExit"
+    assert record["error"]["message"].startswith("exit status 2, its last line on stderr: ")
+    assert record["error"]["message"].endswith(
+        "error: unrecognized arguments: --no-such-flag 2")
 
 
 def test_the_private_dataloader_methods_the_recorder_patches_exist():

@@ -8,7 +8,9 @@ let every correct script reach the target accuracy with margin on 1, 2, 4 and 8 
 on the CPU (2 processes), whatever seed the instructor picks. Each world size is simulated
 in one process, exactly as a data-parallel job trains: the scripts' own models and
 initialisation, DistributedSampler's shards (or the script's own), each step on the mean of
-the ranks' mean losses (DDP's average), the rate scaled by the script's rule. The seeds run
+the ranks' mean losses (DDP's average), over the run's --accumulate batches per rank
+(each batch's mean loss divided by the number of batches of its step, as the single-device
+script does), the rate scaled by the script's rule. The seeds run
 side by side (``torch.func.vmap`` over a stack of models, each step's loss the sum of the
 seeds' losses: the same gradients as one run per seed). The test prints every variant's
 lowest and mean accuracy per world size, and the margin over the target (assessment/README.md
@@ -16,9 +18,8 @@ records them).
 
 The correct variants: the reference (the instructor's solution: DistributedSampler, linear
 rule; it also stands for a different initialisation per rank, which DDP replaces by rank 0's,
-the reference's own), the square-root rule, gradient accumulation over 2 batches with
-no_sync (a step every second batch, each loss divided by 2), and
-tests/assessment_submissions/alt_style.py (its own shards, square-root rule with a 10-step
+the reference's own, and for accumulation with no_sync, the same gradient), the square-root
+rule, and tests/assessment_submissions/alt_style.py (its own shards, square-root rule with a 10-step
 warmup). For the conversion check: its reference (the rate unscaled; the check does not
 judge the rule) and the linear and square-root rules.
 
@@ -53,7 +54,6 @@ MARGIN = 0.02  # the lowest accuracy of any seed must clear the target by this m
 class Variant:
     name: str
     lr_rule: str = "linear"  # "linear", "square-root" or "unscaled"
-    accumulate: int = 1  # batches per optimizer step
     warmup_steps: int = 0  # LambdaLR(min(1, (step + 1) / warmup_steps))
     own_shards: bool = False  # alt_style.py's shard_for_epoch instead of DistributedSampler
     first_epoch: int = 1  # the number the first epoch's shuffle is drawn with
@@ -66,7 +66,6 @@ class Variant:
 ASSESSMENT_VARIANTS = (
     Variant("reference (linear rule)"),
     Variant("square-root rule", lr_rule="square-root"),
-    Variant("accumulation, 2 batches, no_sync", accumulate=2),
     Variant("alt_style.py", lr_rule="square-root", warmup_steps=10, own_shards=True,
             first_epoch=0),
 )
@@ -139,7 +138,8 @@ def rank_batches(variant, n_train, world, batch_size, seed, epoch):
     return ranks
 
 
-def simulate(build_model, data, variants, world, batch_size, lr, epochs, seeds):
+def simulate(build_model, data, variants, world, batch_size, lr, epochs, seeds,
+             accumulate=1):
     """``{(epochs, variant name): rank 0's validation accuracy per seed}``: the
     data-parallel jobs ``variants`` on ``world`` ranks, simulated in this process, evaluated
     after each number of epochs in ``epochs`` (a shorter run is a longer one's first
@@ -174,13 +174,13 @@ def simulate(build_model, data, variants, world, batch_size, lr, epochs, seeds):
         per_seed = [rank_batches(shape, len(y), world, batch_size, seed,
                                  shape.first_epoch + epoch - 1) for seed in seeds]
         n_batches = len(per_seed[0][0])
-        for first in range(0, n_batches, shape.accumulate):
-            micro = range(first, min(first + shape.accumulate, n_batches))
+        for first in range(0, n_batches, accumulate):
+            micro = range(first, min(first + accumulate, n_batches))
             # DDP's gradient: the mean over ranks of each rank's summed micro-batch losses,
-            # each a mean over its batch divided by the accumulation count.
+            # each a mean over its batch divided by the number of batches of its step.
             index = torch.tensor([[i for rank in ranks for m in micro for i in rank[m]]
                                   for ranks in per_seed]).repeat(len(variants), 1)
-            weight = torch.tensor([1 / (world * len(batch) * shape.accumulate)
+            weight = torch.tensor([1 / (world * len(batch) * len(micro))
                                    for batch in (r[m] for r in per_seed[0] for m in micro)
                                    for _ in batch])
             logits = forward(params, x[index])
@@ -205,16 +205,18 @@ def simulate(build_model, data, variants, world, batch_size, lr, epochs, seeds):
 
 def margins(build_model, data, variants, runs, seeds, world_sizes=WORLD_SIZES):
     """``{(run name, variant, world): (lowest, mean accuracy)}`` over ``seeds`` for each
-    of ``runs`` ({name: Config keywords}, all with the same batch size and --lr), printed
+    of ``runs`` ({name: Config keywords}, all with the same batch size, --accumulate and
+    --lr), printed
     as tables with the margin of the lowest over the target."""
     import torch
 
-    (batch_size, lr), = {(run["batch_size"], run["lr"]) for run in runs.values()}
+    (batch_size, accumulate, lr), = {(run["batch_size"], run.get("accumulate", 1), run["lr"])
+                                     for run in runs.values()}
     epochs = {run["epochs"] for run in runs.values()}
     alike = {}  # the variants that differ in their rate only
     for variant in variants:
-        alike.setdefault((variant.accumulate, variant.warmup_steps, variant.own_shards,
-                          variant.first_epoch), []).append(variant)
+        alike.setdefault((variant.warmup_steps, variant.own_shards, variant.first_epoch),
+                         []).append(variant)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -224,7 +226,7 @@ def margins(build_model, data, variants, runs, seeds, world_sizes=WORLD_SIZES):
                 rate = {v.name: v.lr(lr, world) for v in group}  # all alike at 1 rank
                 unique = {rate[v.name]: v for v in group}
                 found = simulate(build_model, data, list(unique.values()), world, batch_size,
-                                 lr, epochs, list(seeds))
+                                 lr, epochs, list(seeds), accumulate)
                 for variant in group:
                     for e in epochs:
                         acc = found[e, unique[rate[variant.name]].name]
@@ -234,7 +236,8 @@ def margins(build_model, data, variants, runs, seeds, world_sizes=WORLD_SIZES):
     results = {}
     for name, run in runs.items():
         target = run["target_accuracy"]
-        print(f"\n{name}: {run['epochs']} epochs, batch {batch_size} per process, --lr {lr}, "
+        print(f"\n{name}: {run['epochs']} epochs, batch {batch_size} per process, "
+              f"{accumulate} per step, --lr {lr}, "
               f"target {target:.0%}; {len(seeds)} seeds: lowest/mean accuracy (margin of "
               f"the lowest) per world size")
         for variant in variants:
@@ -295,7 +298,8 @@ def test_the_sizes_give_eight_ranks_enough_steps():
     runs = {**notebook_configs(), "conversion": conversion.RUN}
     for name, run in runs.items():
         n_train = 1438 if name == "conversion" else 1437
-        steps = run["epochs"] * math.ceil(math.ceil(n_train / 8) / run["batch_size"])
+        batches = math.ceil(math.ceil(n_train / 8) / run["batch_size"])
+        steps = run["epochs"] * math.ceil(batches / run.get("accumulate", 1))
         assert steps >= 90, (name, steps)
 
 

@@ -59,6 +59,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/alt"))
     args = parser.parse_args()
@@ -88,13 +89,19 @@ def main():
         loader = DataLoader(Subset(train_set, shard_for_epoch(len(train_set), epoch, args.seed)),
                             batch_size=args.batch_size)
         model.train()
-        for x, y in loader:
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(loader):
+            # A step per --accumulate batches (the epoch's last: those left), the gradients
+            # averaged over the ranks once, after the step's last backward.
+            first = i - i % args.accumulate
+            group = min(args.accumulate, len(loader) - first)
             x, y = x.to(device), y.to(device)
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            average_gradients(model)
-            optimizer.step()
-            warmup.step()
+            (F.cross_entropy(model(x), y) / group).backward()
+            if i + 1 == first + group:
+                average_gradients(model)
+                optimizer.step()
+                warmup.step()
+                optimizer.zero_grad()
         if is_main:
             model.eval()
             val_loss, val_acc = accuracy_and_loss(model, val_set, device)

@@ -112,6 +112,9 @@ class Config:
 
     epochs: int = 4
     batch_size: int = 8
+    # --accumulate: the batches per rank whose gradients each optimizer step accumulates
+    # (None: the flag is not passed, as for notebook 02's script, and not checked)
+    accumulate: int | None = None
     lr: float = 0.03
     seed: int = 0
     target_accuracy: float = 0.85
@@ -398,7 +401,8 @@ def _launch_once(script, config, nproc, on_gpu, run_dir):
         "script": str(scratch / Path(script).name),
         "args": ["--epochs", str(config.epochs), "--batch-size", str(config.batch_size),
                  "--lr", str(config.lr), "--seed", str(config.seed), "--out",
-                 str(run.out_dir)]}))
+                 str(run.out_dir)]
+                + (["--accumulate", str(config.accumulate)] if config.accumulate else [])}))
     settings.chmod(0o600)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -695,7 +699,10 @@ def _replay_verdict(run, replay):
            for result in ranks):
         return (f"{replayed} the ranks' parameters equal a replay in which the ranks' "
                 f"gradients are summed, not averaged: divide the all-reduced gradients by "
-                f"the world size (DistributedDataParallel averages them).")
+                f"the world size (DistributedDataParallel averages them)"
+                + (f", and each batch's loss by the number of batches its step accumulates "
+                   f"(--accumulate {run.config.accumulate}), as the single-device script "
+                   f"does." if (run.config.accumulate or 1) > 1 else "."))
     if all(result["local"] is not None and result["local"] <= REPLAY_RTOL
            for result in ranks):
         return (f"{replayed} each rank's parameters equal a replay of its own batches alone: "
@@ -711,6 +718,38 @@ def _replay_verdict(run, replay):
             f"their DataLoader since their previous step, with F.cross_entropy (each "
             f"batch's mean, averaged over the step's batches and ranks) and your "
             f"optimizer; keep the model deterministic (no dropout).")
+
+
+def _steps_of(batches, accumulate):
+    """The batches of each optimizer step of one pass of ``batches`` batches, as the
+    single-device script takes them: ``accumulate`` each, the last step those left."""
+    return [accumulate] * (batches // accumulate) + [batches % accumulate] * bool(
+        batches % accumulate)
+
+
+def _accumulation_reason(run, replay):
+    """Why the job's optimizer steps did not each take --accumulate batches per rank (an
+    epoch's last step: those left); None when they did, or when the run asks for none."""
+    accumulate = run.config.accumulate
+    if accumulate is None:
+        return None
+    for rank, (record, taken) in enumerate(zip(run.ranks, replay.get("micro_batches", []),
+                                               strict=False)):
+        passes = [len(p["batches"]) for p in record["passes"] if p["split"] == "train"]
+        expected = [n for batches in passes for n in _steps_of(batches, accumulate)]
+        if taken == expected:
+            continue
+        step = next((i for i, (a, b) in enumerate(zip(taken, expected, strict=False))
+                     if a != b),
+                    min(len(taken), len(expected)))
+        took = ", ".join(str(n) for n in sorted(set(taken)))
+        return (f"rank {rank}'s optimizer steps took {took} batch(es) of train_set each "
+                f"(step {step + 1} took {taken[step] if step < len(taken) else 'none'}, "
+                f"expected {expected[step] if step < len(expected) else 'none'}): the "
+                f"graded run passes --accumulate {accumulate}, so each optimizer step must "
+                f"accumulate the gradients of {accumulate} batches on every rank (an "
+                f"epoch's last step those left), as the single-device script does.")
+    return None
 
 
 def check_gradients_averaged_over_ranks(run):
@@ -745,7 +784,7 @@ def check_gradients_averaged_over_ranks(run):
             f"prove nothing about averaging (copies of one training end identical too), and "
             f"the job does the same work several times. Give each rank its own shard "
             f"(DistributedSampler).")
-    reason = _replay_verdict(run, replay)
+    reason = _accumulation_reason(run, replay) or _replay_verdict(run, replay)
     if reason:
         raise RequirementNotMet(reason)
     reference = _params(run.ranks[0])

@@ -432,8 +432,12 @@ class Recorder:
             runpy.run_path(str(self.script), run_name="__main__")
         except SystemExit as stop:
             if stop.code not in (None, 0):
-                self.error = {"type": "SystemExit", "message": f"exit status {stop.code}",
-                              "where": "sys.exit"}
+                # Why it exited is its last line on stderr (argparse's error, for one).
+                said = next((line.strip() for line in reversed(self.stderr) if line.strip()),
+                            "")
+                self.error = {"type": "SystemExit", "where": "sys.exit",
+                              "message": f"exit status {stop.code}"
+                              + (f", its last line on stderr: {said[:300]}" if said else "")}
         except BaseException as error:  # noqa: B036 - a KeyboardInterrupt is a failure too
             traceback.print_exc()
             self.error = self.describe(error)
@@ -603,6 +607,8 @@ class Recorder:
         momentum = _flat_tensors(ranks[0]["optimizer_end"])
         result = {"steps": total, "shared": len(shared), "shared_steps": first_epoch,
                   "samples": [len(mine) for mine in trained_on],
+                  # Each rank's batches per step: the accumulation the script did.
+                  "micro_batches": [[len(b) for b in steps["batches"]] for steps in ranks],
             "optimizer_end_gap": [_gap(_flat_tensors(steps["optimizer_end"]), momentum)
                                   for steps in ranks]}
         start = ranks[0]["snapshots"][0][1]
