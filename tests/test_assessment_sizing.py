@@ -29,9 +29,11 @@ are given (notebook 02's profile), never picking NCCL for ``profile="cpu"``.
 import ast
 import functools
 import importlib.util
+import json
 import math
 import os
 import runpy
+import subprocess
 import sys
 import types
 from dataclasses import dataclass
@@ -310,11 +312,18 @@ class Launched(Exception):
 
 
 def capture_launch(monkeypatch, checks):
-    """Stop ``checks``' torchrun launch at Popen and keep its command and environment."""
+    """Stop ``checks``' torchrun launch at Popen and keep its command (the job's own, also
+    where the sandbox's bwrap command ends with it), its environment and its graded
+    settings (the file named last on the command line: they are never on it). Other
+    commands, the sandbox's probe of bwrap among them, run as they would."""
     seen = {}
+    real_popen = subprocess.Popen
 
     def popen(command, env=None, **kwargs):
-        seen.update(command=command, env=env)
+        if "torch.distributed.run" not in command:
+            return real_popen(command, env=env, **kwargs)
+        settings = json.loads(Path(command[-1]).read_text())
+        seen.update(command=command, env=env, settings=settings)
         raise Launched()
 
     monkeypatch.setattr(checks.subprocess, "Popen", popen)
@@ -393,4 +402,5 @@ def test_the_conversion_check_passes_the_layout_to_the_engine(tmp_path, monkeypa
         conversion.check_conversion(script)
     assert "--nproc-per-node=2" in seen["command"]
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == ""
-    assert f"--epochs {conversion.RUN['epochs']}" in " ".join(seen["command"])
+    assert f"--epochs {conversion.RUN['epochs']}" in " ".join(seen["settings"]["args"])
+    assert "--epochs" not in seen["command"], "graded settings never on a command line"
