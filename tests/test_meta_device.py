@@ -261,14 +261,15 @@ def exercise_trainer(module, device, monkeypatch):
 
 
 def assessment_functions(module, device, monkeypatch):
-    """The assessment's scripts: ``train_one_epoch`` and ``evaluate`` with a device
-    argument, the MLP on the assessment's digits."""
+    """The assessment's scripts: ``train_one_epoch`` (accumulating 2 batches a step, its
+    short last step included) and ``evaluate`` with a device argument, the MLP on the
+    assessment's digits."""
     train_set, val_set = module.load_data()
     torch.manual_seed(0)
     model = module.build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     assert_on(device, module.train_one_epoch(model, DataLoader(train_set, batch_size=64),
-                                             optimizer, device),
+                                             optimizer, device, accumulate=2),
               module.evaluate(model, DataLoader(val_set, batch_size=256), device))
 
 
