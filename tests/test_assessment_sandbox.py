@@ -318,9 +318,14 @@ def unprivileged_attack(base):
     for prefix in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), ROOT}:
         if prefix.is_relative_to(Path.home()):  # root's closed home: its top folder only
             top = Path.home() / prefix.relative_to(Path.home()).parts[0]
+        elif prefix.is_relative_to("/tmp"):  # a clone under /tmp: over the outer --tmpfs
+            top = prefix
         else:
             top = Path("/", prefix.parts[1])
         if str(top) not in ("/usr", "/tmp") and str(top) not in outer:
+            # bwrap makes a bind's missing parents 0700 as root: open them to `nobody`
+            for parent in reversed(top.parents[:-2] if top.is_relative_to("/tmp") else ()):
+                outer += ["--perms", "0755", "--dir", str(parent)]
             outer += ["--ro-bind", str(top), str(top)]
     outer += ["--chdir", str(alice), "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
               "--clear-groups", sys.executable, "-c",
