@@ -11,8 +11,9 @@ sockets in a folder only this kernel's user may enter (0700, from ``mkdtemp``), 
 with the kernel. A Unix socket's path must stay under 107 bytes, so the folder is a short
 one under the temporary directory, or /tmp where that is long.
 
-The tests run notebooks with it (tests/notebook_kernels.py) and the assessment's autograde
-runs each submission's kernel with it (assessment/autograde_guard.py).
+The tests run notebooks with it (tests/notebook_kernels.py), so does the GPU check
+(gpu_check/run_notebook.py), and the assessment's autograde runs each submission's kernel
+with it (assessment/autograde_guard.py).
 """
 import os
 import shutil

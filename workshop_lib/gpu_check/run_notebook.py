@@ -29,10 +29,13 @@ def main(argv=None):
         print("error: papermill is not installed here (`make setup` installs it)",
               file=sys.stderr)
         return 2
+    from workshop_lib.kernels import IpcKernelManager  # no TCP port for a NCCL job to take
+
     try:
         papermill.execute_notebook(args.input, args.output, parameters=args.parameters,
                                    kernel_name="python3", progress_bar=False, cwd=args.cwd,
-                                   execution_timeout=args.cell_timeout)
+                                   execution_timeout=args.cell_timeout,
+                                   kernel_manager_class=IpcKernelManager)
     except Exception as error:  # the cell's error (or a timeout), recorded for the report
         with open(args.error_json, "w") as f:
             json.dump(failures.exception_info(error), f)
