@@ -64,3 +64,9 @@ c.Autograde.autograde_preprocessors = [
 # The cell in which learners write their script: always graded as the file it writes.
 c.KeepAssignmentCellsOnly.script_cell = "ddp_script"
 c.KeepAssignmentCellsOnly.script_first_line = "%%writefile train_digits_ddp.py"
+
+# The formgrader shows each submission on the class's origin (the hub's, in the class):
+# markdown and outputs are sanitized there (no script, no event handler), so that a page it
+# renders cannot act with the instructor's login. Learners' own cells are dropped before
+# grading anyway (KeepAssignmentCellsOnly); this holds whatever reaches a rendered page.
+c.HTMLExporter.sanitize_html = True
