@@ -1,10 +1,16 @@
-"""Set-up every notebook runs first, so ``%%bash`` cells find this environment's tools."""
+"""Set-up every notebook runs first, so ``%%bash`` cells find this environment's tools, and
+the learner sees where they stand."""
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from workshop_lib import labs, progress
 from workshop_lib import profile as profiles
+
+# JupyterLab tells each kernel the path of the notebook it runs (jupyter_server's sessions;
+# ipykernel shows it as __session__).
+SESSION_ENV = "JPY_SESSION_NAME"
 
 
 def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs",
@@ -18,6 +24,7 @@ def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs",
       DATASET, MODEL, EPOCHS, BATCH_SIZE, LR, LR_REF_BATCH (the sizes of this notebook's
       kind of run, ``launches``), NPROC and DDP_DEVICE (a DDP launch's shape), and RUNS
       (``runs_dir``, where this notebook's runs write their records).
+    - Print the learner's progress line (``learner_progress``).
     """
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
@@ -35,7 +42,23 @@ def setup(profile="auto", dataset="auto", nproc="auto", runs_dir="runs",
         LR_REF_BATCH=str(chosen.lr_ref_batch), RUNS=str(Path(runs_dir).resolve()),
     )
     print(chosen.describe())
+    try:
+        print(learner_progress())
+    except Exception as error:  # noqa: BLE001 - a record file we cannot read must not stop the day
+        print(f"(your progress could not be read: {progress.first_line(error)})")
     return chosen
+
+
+def learner_progress():
+    """The learner's progress line (workshop_lib.progress), with this notebook's part where
+    the kernel knows its notebook: a copy (``02_from_one_gpu_to_many-Copy1``) counts as the
+    notebook of its number."""
+    catalogue = labs.catalogue()
+    stem = Path(os.environ.get(SESSION_ENV, "")).stem
+    here = stem if stem in catalogue.values() else next(
+        (notebook for notebook in catalogue.values()
+         if stem[:2].isdigit() and notebook[:3] == stem[:3]), None)
+    return progress.progress_line(here, catalogue)
 
 
 def fresh(folder):

@@ -11,6 +11,11 @@ budget):
 
     python -m workshop_lib.labs check     # proves it for every exercise (CI runs it)
     python -m workshop_lib.labs list
+    python -m workshop_lib.labs progress  # the learner's own verdicts so far
+
+Every verdict ``labs.check`` gives is recorded for the learner (``workshop_lib.progress``:
+where they work, and on the class server for the instructor's board too); the proofs of
+``python -m workshop_lib.labs check`` call the exercises' checks directly and record nothing.
 
 Reference solutions are the learner's to use when stuck: ``labs.show_solution(key)``
 prints one; with ``solutions = True`` in a notebook's parameters cell (papermill in CI
@@ -28,6 +33,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workshop_lib import progress
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,18 @@ def get(key):
     return exercises[key]
 
 
+def catalogue():
+    """``{key: notebook stem}`` of every exercise, in the notebooks' order."""
+    return {key: exercise.notebook for key, exercise in _load().items()}
+
+
 def check(key, answer, **context):
-    """Judge ``answer`` for exercise ``key``, print the verdict, return it."""
-    return get(key).check(answer, **context).show()
+    """Judge ``answer`` for exercise ``key``, print the verdict, record it in the learner's
+    progress, return it."""
+    exercise = get(key)
+    verdict = exercise.check(answer, **context).show()
+    progress.record_verdict(exercise, verdict)
+    return verdict
 
 
 def solution(key, **context):

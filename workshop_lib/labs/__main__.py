@@ -1,11 +1,17 @@
 """``python -m workshop_lib.labs list|check [KEY ...]``: the exercises, and proof that each
 check judges: it must fail on the exercise's stub (with the stated reason), pass on its
 reference solution, fail every run the notebook made before the exercise, and refuse what
-breaks the exercise's rules. ``make check-labs`` runs ``check``; CI does too."""
+breaks the exercise's rules. ``make check-labs`` runs ``check``; CI does too.
+
+``python -m workshop_lib.labs progress [--json] [--send]``: the learner's own verdicts so
+far (workshop_lib.progress): per exercise its latest verdict and attempts, then the
+progress line; ``--json`` prints the summary as JSON instead; ``--send`` first sends the
+records the class server has not acknowledged yet."""
+import json
 import sys
 import time
 
-from workshop_lib import cli, labs
+from workshop_lib import cli, labs, progress
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error
 
 
@@ -58,13 +64,56 @@ def todo(exercises):
     return "\n".join(lines)
 
 
+def progress_table(exercises, found):
+    """The learner's verdicts: a row per exercise of the course (and the assessment, once
+    recorded) with its latest verdict and attempts."""
+    rows = [(exercise.notebook, key) for key, exercise in exercises.items()]
+    rows += [(seen["notebook"], key) for key, seen in found.items() if key not in exercises]
+    lines = [f"{'notebook':26} {'exercise':16} {'latest verdict':15} attempts"]
+    for notebook, key in rows:
+        seen = found.get(key)
+        verdict = "-" if seen is None else "PASS" if seen["ok"] else "NOT YET"
+        lines.append(f"{notebook:26} {key:16} {verdict:15} {seen['attempts'] if seen else 0}")
+    return "\n".join(lines)
+
+
+def show_progress(exercises, as_json=False, send=False):
+    if send:
+        if progress.class_server() is None:
+            raise CourseError(f"no class server to send to ({progress.URL_ENV} and "
+                              f"{progress.TOKEN_ENV} are set on the class server only): "
+                              f"your records stay in {progress.record_path()}")
+        sent = progress.send_pending()
+        print(f"sent {sent.sent} record(s) to the class server; {sent.pending} still pending"
+              + (f" ({sent.error})" if sent.error else ""), file=sys.stderr if as_json else None)
+    found = progress.summary(progress.records())
+    if as_json:
+        print(json.dumps(found, indent=1))
+        return 0
+    print(progress_table(exercises, found))
+    print(progress.progress_line(exercises={k: e.notebook for k, e in exercises.items()}))
+    print(f"(recorded in {progress.record_path()}"
+          + (f"; {len(progress.pending())} not yet sent to the class server"
+             if progress.class_server() else "") + ")")
+    return 0
+
+
 @exit_cleanly_on_course_error
 def main(argv=None):
     parser = cli.ArgumentParser(prog="python -m workshop_lib.labs", description=__doc__)
-    parser.add_argument("command", choices=("list", "check"))
+    parser.add_argument("command", choices=("list", "check", "progress"))
     parser.add_argument("keys", nargs="*", help="exercises to check (default: all)")
+    parser.add_argument("--json", action="store_true", help="progress: print the summary "
+                                                            "as JSON")
+    parser.add_argument("--send", action="store_true", help="progress: send the records the "
+                                                            "class server has not yet")
     args = parser.parse_args(argv)
     exercises = labs._load()
+    if args.command == "progress":
+        if args.keys:
+            raise CourseError("progress takes no exercise keys: python -m workshop_lib.labs "
+                              "progress [--json] [--send]")
+        return show_progress(exercises, args.json, args.send)
     unknown = set(args.keys) - set(exercises)
     if unknown:
         raise CourseError(f"no exercise {', '.join(sorted(unknown))}; there are: "
