@@ -3,9 +3,12 @@ CPU-runnable parts, here. The fast tests build reports and read failures from fa
 outputs and exceptions; the slow ones run commands under their time limits, the smoke as
 a learner's machine runs it, and a notebook through papermill."""
 import ast
+import dataclasses
+import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,6 +18,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_course_command
+from workshop_lib import plans
 from workshop_lib.gpu_check import (
     budget,
     environment,
@@ -299,21 +303,185 @@ def test_the_budget_has_an_estimate_and_a_basis_for_every_notebook():
         assert full.cell_limit(estimate.limit_s) < estimate.limit_s  # papermill's goes first
     lines = budget.verdict_lines()
     assert "estimated from a reading of each notebook's runs, not measured" in lines[0]
+    training = sum(e.training_s for e in budget.NOTEBOOKS.values())
+    # The module's docstring: training is about a fifth; the rest alone is over the target.
+    assert 0.1 < training / budget.notebook_total() < 0.3
+    assert budget.notebook_total() - training > budget.TARGET_S
+    if budget.notebook_total() > budget.TARGET_S:  # says how much of it sizes could change
+        assert f"training the GPU profile's model is {training / 60:.1f} min of it" in lines[1]
     over = budget.verdict_lines({"00_welcome": 600.0, "03_keeping_accuracy_at_scale": 700.0})
     assert "measured here: 21.7 min for 2 notebook(s)" in over[1] and "NOT met, by 6.7" in over[1]
     assert over[-1].startswith("Heaviest: 03_keeping_accuracy_at_scale 11.7 min")
 
 
-def test_notebook_04s_budget_prices_the_waits_and_sections_the_notebook_has():
-    """The budget reads as the notebook is: its hang's timeout, its debugging jobs' own,
-    the second hang's section; a notebook change that moves them fails here."""
-    cells = json.loads((REPO / "notebooks" / "04_when_things_go_wrong.ipynb").read_text())
-    text = "\n".join("".join(cell["source"]) for cell in cells["cells"])
-    assert f"hang_timeout_s = {budget.HANG_TIMEOUT_S}\n" in text
-    assert text.count(f'"--dist-timeout", "{budget.DEBUG_TIMEOUT_S}"') == 3  # 2 jobs, DETAIL
-    assert "a second hang" in text and "second hang" in budget.NOTEBOOKS[
-        "04_when_things_go_wrong"].basis
-    assert "item 6" not in budget.NOTEBOOKS["04_when_things_go_wrong"].basis  # fixed since
+# --- the budget, fresh for every notebook -------------------------------------------------
+# The budget prices each notebook's plan (workshop_lib.plans) under the GPU profile of 4
+# A100s. These tests hold every plan to its notebook's cells, so that a cell that starts a
+# process, or a sweep given a run, changes the estimate or fails here naming the notebook.
+
+# The exercises whose check starts processes (a job under torchrun, a sweep); the others'
+# checks read an answer or train in the kernel.
+LAUNCHING_CHECKS = ("conversion", "from_scratch", "challenge", "debugging", "eval_debugging",
+                    "overlap", "buckets", "zero1")
+PYTHON_LAUNCH = re.compile(r"\b(?:launch|nodes)\.(?:run|start)\(|\blabs\.check\(\"("
+                           + "|".join(LAUNCHING_CHECKS) + r")\"")
+BASH_LAUNCH = re.compile(r"^\s*(?:torchrun|python -m workshop_lib\.)")
+# A dry run of a %%bash cell: each launch prints the runs it would train (its --variant
+# flags, loops expanded by bash itself) instead of starting, on a descriptor of its own
+# (the cell may send the command's output to a file).
+DRY_RUN = """\
+exec 3>&1
+launched() { local runs=0 word
+             for word in "$@"; do [ "$word" = --variant ] && runs=$((runs + 1)); done
+             echo "LAUNCH $(( runs > 0 ? runs : 1 ))" >&3; }
+torchrun() { launched "$@"; }
+python() { launched "$@"; }
+"""
+
+
+def notebook_cells(notebook):
+    return json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+
+
+def bash_environment(notebook, one, ddp, plan, tmp_path):
+    """The variables a notebook's %%bash cells read, as its setup and exports give them
+    under the budget's profile (only the loops' bounds and the guards' NPROC matter)."""
+    used = ddp if "launches=\"processes\"" in "".join(
+        "".join(c["source"]) for c in notebook_cells(notebook)) else one
+    env = {"PATH": os.environ["PATH"], "RUNS": str(tmp_path), "DEVICE": used.device,
+           "NPROC": str(used.nproc), "DDP_DEVICE": used.ddp_device,
+           "BATCH_SIZE": str(used.batch_size)}
+    if notebook == "01_sgd_and_batch_size":
+        env["LARGEST"] = str(plan.largest)
+    if notebook == "02_from_one_gpu_to_many":
+        env["SEEDS"] = str(budget.parameters(notebook)["seeds"])
+    return env
+
+
+def launch_sites(notebook, env):
+    """[(cell number, runs)] of every process a notebook's code cells start, in order."""
+    sites = []
+    for number, cell in enumerate(notebook_cells(notebook)):
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code":
+            continue
+        if source.startswith("%%bash"):
+            body = source.split("\n", 1)[1]
+            if not any(BASH_LAUNCH.match(line) for line in body.replace("\\\n", " ").splitlines()):
+                continue
+            done = subprocess.run(["bash", "-c", DRY_RUN + body], env=env, capture_output=True,
+                                  text=True, timeout=30)
+            assert done.returncode == 0, f"{notebook}: cell {number}'s dry run: {done.stderr}"
+            sites += [(number, int(line.split()[1])) for line in done.stdout.splitlines()
+                      if line.startswith("LAUNCH ")]
+        elif not source.startswith("%%"):
+            sites += [(number, 1) for _ in PYTHON_LAUNCH.finditer(source)]
+    return sites
+
+
+def test_every_notebooks_plan_starts_what_its_cells_start(tmp_path):
+    """Each notebook's cells start the processes its plan lists (what the budget prices), in
+    the same order, each sweep with as many runs: one line names the notebook that differs."""
+    one, ddp = budget.gpu_profiles()
+    planned = plans.every_notebook(one, ddp, budget.parameters)
+    for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb")):
+        notebook = path.stem
+        if notebook not in planned:  # a notebook without a plan starts nothing
+            assert launch_sites(notebook, dict(os.environ)) == [], (
+                f"{notebook} starts processes but has no plan in workshop_lib/plans.py: the "
+                f"GPU budget cannot price it")
+            continue
+        _, plan = planned[notebook]
+        launches = [launch for launch in plans.launches_of(plan) if not launch.in_kernel]
+        sites = launch_sites(notebook, bash_environment(notebook, one, ddp, plan, tmp_path))
+        assert len(sites) == len(launches), (
+            f"{notebook}: its cells {[cell for cell, _ in sites]} start {len(sites)} "
+            f"processes, its plan lists {len(launches)} ({', '.join(x.name for x in launches)})"
+            f": make workshop_lib/plans.py say what the notebook starts")
+        for (cell, runs), launch in zip(sites, launches, strict=True):
+            assert runs == launch.runs, (
+                f"{notebook}: cell {cell} trains {runs} run(s), its plan's {launch.name} "
+                f"{launch.runs}: make workshop_lib/plans.py say what the notebook trains")
+
+
+def test_a_notebook_that_starts_one_more_process_fails_the_freshness_test(tmp_path,
+                                                                           monkeypatch):
+    """The probes: a plan that lost a launch or a sweep's run, a notebook cell that starts
+    one more job or gives a sweep one more variant: each fails, naming the notebook."""
+    real = plans.every_notebook
+
+    def dropped(one, ddp, parameters, change):
+        chosen = real(one, ddp, parameters)
+        change(chosen)
+        return chosen
+
+    def drop_a_launch(chosen):
+        chosen["04_when_things_go_wrong"][1].launches.pop()
+
+    def drop_a_run(chosen):
+        launches = chosen["03_keeping_accuracy_at_scale"][1].launches
+        launches[1] = dataclasses.replace(launches[1], runs=launches[1].runs - 1)
+
+    for change, words in ((drop_a_launch, "04_when_things_go_wrong: its cells"),
+                          (drop_a_run, "03_keeping_accuracy_at_scale: cell 13 trains 6 run(s), "
+                                       "its plan's hot_lr 5")):
+        monkeypatch.setattr(plans, "every_notebook", functools.partial(dropped, change=change))
+        with pytest.raises(AssertionError, match=re.escape(words)):
+            test_every_notebooks_plan_starts_what_its_cells_start(tmp_path)
+    monkeypatch.setattr(plans, "every_notebook", real)
+
+    # A cell that starts one more job, and a sweep cell given one more variant.
+    def edited(notebook, read=notebook_cells):
+        cells = read(notebook)
+        if notebook == "06_beyond_one_machine":
+            cells.append({"cell_type": "code", "source": ["again = launch.run(demo)\n"]})
+        if notebook == "05_worked_example":
+            (cell,) = [c for c in cells if "--out $RUNS/precision" in "".join(c["source"])]
+            cell["source"] = ["".join(cell["source"]).replace(
+                '--variant fp32="--amp off"', '--variant fp32="--amp off" --variant again=""')]
+        return cells
+
+    monkeypatch.setattr(sys.modules[__name__], "notebook_cells", edited)
+    with pytest.raises(AssertionError, match="05_worked_example: cell 6 trains 4 run"):
+        test_every_notebooks_plan_starts_what_its_cells_start(tmp_path)
+    monkeypatch.setattr(plans, "PRECISION_RUNS", 4)  # the plan follows: the next one fails
+    with pytest.raises(AssertionError, match=r"06_beyond_one_machine: its cells .* start 9 "
+                                             r"processes, its plan lists 8"):
+        test_every_notebooks_plan_starts_what_its_cells_start(tmp_path)
+
+
+def test_the_budget_prices_every_plans_runs_and_waits():
+    """The estimate moves with the plan: one more run in a sweep's last wave costs a wave,
+    a DDP run's epochs divide over its ranks, a hang costs its timeout."""
+    sweep = plans.Launch("s", "cuda", runs=budget.GPUS, epochs=4)
+    full_wave, _, _ = budget.price(sweep)
+    one_more, trained, said = budget.price(dataclasses.replace(sweep, runs=budget.GPUS + 1))
+    assert one_more - full_wave == 4 * budget.EPOCH_S and "2 wave(s)" in said
+    assert trained == 2 * 4 * budget.EPOCH_S  # two waves of 4 epochs
+    ddp, _, _ = budget.price(plans.Launch("d", "cuda", 4, backend="nccl", runs=2, epochs=6))
+    assert ddp == budget.LAUNCH_S + 2 * 6 * budget.EPOCH_S / 4
+    hang, _, _ = budget.price(plans.Launch("hang", "cuda", 4, backend="nccl", epochs=3))
+    assert hang == budget.LAUNCH_S + 3 * budget.EPOCH_S / 4 + budget.HANG_TIMEOUT_S
+    assert set(budget.WAITS_S) <= {launch.name for _, plan in plans.every_notebook(
+        *budget.gpu_profiles(), budget.parameters).values()
+        for launch in plans.launches_of(plan)}  # every wait belongs to a launch
+    for notebook, (_, plan) in plans.every_notebook(*budget.gpu_profiles(),
+                                                   budget.parameters).items():
+        assert budget.NOTEBOOKS[notebook] == budget.estimate(plans.launches_of(plan))
+
+
+def test_the_waits_the_budget_prices_are_the_notebooks_own():
+    """The timeouts the budget counts are those the notebooks wait out: 04's hang and its
+    debugging jobs', 06's uneven hang and its elastic job's."""
+    def text(notebook):
+        return "\n".join("".join(c["source"]) for c in notebook_cells(notebook))
+
+    failures_text, beyond_text = text("04_when_things_go_wrong"), text("06_beyond_one_machine")
+    assert f"hang_timeout_s = {budget.HANG_TIMEOUT_S}\n" in failures_text
+    assert failures_text.count(f'"--dist-timeout", "{budget.DEBUG_TIMEOUT_S}"') == 3
+    assert f"TIMEOUT_S = {budget.UNEVEN_TIMEOUT_S}\n" in beyond_text
+    assert f"ELASTIC_TIMEOUT_S = {budget.ELASTIC_TIMEOUT_S} " in beyond_text
+    assert f'"last_call_timeout": {budget.ELASTIC_LAST_CALL_S}}}' in beyond_text
 
 
 # --- what the smoke runs with -------------------------------------------------------------

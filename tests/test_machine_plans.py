@@ -65,26 +65,7 @@ def profiles(machine_name, name, data_dir):
 def every_plan(one, ddp):
     """Each notebook's plan, with its own parameters' defaults, and the profile it was made
     from (the one its notebook sets up): {notebook: (profile, plan)}."""
-    p01 = parameters("01_sgd_and_batch_size")
-    p03 = parameters("03_keeping_accuracy_at_scale")
-    p05 = parameters("05_worked_example")
-    p06 = parameters("06_beyond_one_machine")
-    return {
-        "00_welcome": (ddp, plans.welcome(ddp)),
-        "01_sgd_and_batch_size": (one, plans.batch_size_sweep(one, p01["batch_scale"],
-                                                              p01["sweep_epochs"])),
-        "02_from_one_gpu_to_many": (ddp, plans.one_to_many(ddp)),
-        "03_keeping_accuracy_at_scale": (one, plans.accuracy_at_scale(
-            one, p03["batch_scale"], p03["sweep_epochs"], p03["hot_factor"])),
-        "04_when_things_go_wrong": (ddp, plans.failures(ddp)),
-        "05_worked_example": (one, plans.worked_example(one, p05["epochs"])),
-        "06_beyond_one_machine": (ddp, plans.beyond(ddp, p06["num_shards"])),
-        "07_inside_ddp": (ddp, plans.inside_ddp(ddp)),
-    }
-
-
-def launches_of(plan):
-    return plan if isinstance(plan, list) else plan.launches
+    return plans.every_notebook(one, ddp, parameters)
 
 
 # The plan function each notebook's cells call (notebooks 00, 02 and 07 launch with the
@@ -101,7 +82,7 @@ def test_every_launch_fits_the_machine_and_the_profile(machine_name, name, data_
     machine = MACHINES[machine_name]
     one, ddp = profiles(machine_name, name, data_dir)
     for notebook, (used, plan) in every_plan(one, ddp).items():
-        for launch in launches_of(plan):
+        for launch in plans.launches_of(plan):
             where = f"{notebook} {launch.name} on {machine_name}, profile {name}"
             assert launch.device in ("cpu", "cuda"), where
             if name == "cpu" or not machine.gpus:

@@ -173,6 +173,9 @@ def test_the_survey_is_a_record_and_bad_ratings_are_refused(learner):
     for bad in ({"pace": 6}, {"pace": "4"}, {"pace": True}):
         with pytest.raises(ValueError, match="whole number from 1 to 5"):
             progress.send_survey(bad, {})
+    with pytest.raises(ValueError, match="name it with letters, digits"):
+        progress.send_survey({"pace": 3}, {"what <b>?": "text"})
+    assert len(progress.records()) == 1
 
 
 # -- reported to the class server -----------------------------------------------------------

@@ -55,10 +55,12 @@ class Sizes:
 # 256). Digits' 20x would start the Wide ResNet at 1.0 with momentum 0.9, likely too hot for
 # its small batch already. Notebook 03's findings judge it (hot_small, linear_breaks).
 #
-# The GPU profile's epochs (6) are sized for ``make gpu-check``'s 15-minute target on 4
-# A100s (gpu_check/budget.py prices every notebook's runs from these sizes): a standard
-# Wide ResNet run is 6 epochs, and a sweep gets more where its largest batch needs them
-# for MIN_SWEEP_STEPS.
+# The GPU profile's epochs (6): a standard Wide ResNet run, and a sweep gets more where its
+# largest batch needs them for MIN_SWEEP_STEPS. ``make gpu-check``'s budget prices every
+# notebook's plan with these sizes on 4 A100s (gpu_check/budget.py); training is about a
+# fifth of its estimate, and notebook 03's warmup variants warm up for 3 epochs on every
+# profile: half of a 6-epoch run, three quarters of a 4-epoch one (the budget's docstring
+# weighs each notebook against the 15-minute target).
 MIN_SWEEP_STEPS = 100  # optimizer steps the largest batch of a sweep gets at least
 SIZES = {
     ("cpu", "digits"): Sizes("cnn", epochs=6, batch_size=32, lr=0.01, lr_ref_batch=32,

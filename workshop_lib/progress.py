@@ -14,12 +14,11 @@ The record file
          "details": {<the verdict's details, JSON-safe (numbers, strings, bools, None,
                      lists and dicts of them; paths as strings; the rest dropped), small>}}
 
-    ``labs.check`` records each verdict (``record_verdict``); the assessment's result cell
-    records the learner's result, kind "assessment", key "ddp_refactor" (ddp_checks.report;
-    never while nbgrader autogrades); the closing session's survey is a record too
-    (``send_survey``: kind "survey", key "survey", ok true, details ``{"ratings": {name:
-    1..5}, "comments": {name: text}}``). Readers skip any line that is not a whole JSON
-    object: a write cut short loses that record only.
+    ``labs.check`` records each verdict; the assessment's result cell the learner's result
+    (kind "assessment", key "ddp_refactor": ddp_checks.report, never while nbgrader
+    autogrades); ``send_survey`` the closing survey (kind "survey", key "survey", ok true,
+    details ``{"ratings": {name: 1..5}, "comments": {name: text}}``). Readers skip a line
+    that is not a whole JSON object: a write cut short loses that record only.
 
 The class server
     Where ``CLASS_PROGRESS_URL`` (the progress service's base URL, which the class server
@@ -32,8 +31,8 @@ The class server
     there is pending, and goes with the next report (``report_pending``, which every new
     record triggers, or ``python -m workshop_lib.labs progress --send``). A report runs in
     a daemon thread, each request given up after TIMEOUT_S, so a cell never waits for it,
-    and a service that is down or slow loses nothing. Without both variables (a
-    workstation) nothing is ever sent.
+    and a service that is down or slow loses nothing. Without both (a workstation) nothing
+    is ever sent.
 
 ``record(kind, key, notebook, ok, reason, details=None)`` returns the record or raises;
 ``record_quietly`` and ``record_verdict(exercise, verdict)`` never raise (one printed line
@@ -44,6 +43,7 @@ import json
 import math
 import numbers
 import os
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -83,8 +83,7 @@ def _now():
 
 
 def first_line(text, limit=REASON_CHARS):
-    lines = str(text).strip().splitlines()
-    return lines[0][:limit] if lines else ""
+    return (str(text).strip().splitlines() or [""])[0][:limit]
 
 
 def json_safe(value, depth=0):
@@ -239,6 +238,10 @@ def send_survey(ratings, comments, notebook=SURVEY_NOTEBOOK):
     Returns the record."""
     if not isinstance(ratings, Mapping) or not isinstance(comments, Mapping):
         raise ValueError("give the ratings and the comments as dicts: {question: answer}")
+    for name in [*ratings, *comments]:  # the class's board shows the names as they are
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,80}", str(name)):
+            raise ValueError(f"question {str(name)[:40]!r}: name it with letters, digits, "
+                             f"'_', '.' or '-' (at most 80)")
     for name, rating in ratings.items():
         if isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5:
             raise ValueError(f"rating {name!r} is {rating!r}: give each rating as a whole "

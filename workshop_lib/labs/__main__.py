@@ -69,11 +69,13 @@ def progress_table(exercises, found):
     recorded) with its latest verdict and attempts."""
     rows = [(exercise.notebook, key) for key, exercise in exercises.items()]
     rows += [(seen["notebook"], key) for key, seen in found.items() if key not in exercises]
-    lines = [f"{'notebook':26} {'exercise':16} {'latest verdict':15} attempts"]
+    wide = max(len(notebook) for notebook, _ in rows), max(len(key) for _, key in rows)
+    lines = [f"{'notebook':{wide[0]}}  {'exercise':{wide[1]}}  {'latest verdict':15} attempts"]
     for notebook, key in rows:
         seen = found.get(key)
         verdict = "-" if seen is None else "PASS" if seen["ok"] else "NOT YET"
-        lines.append(f"{notebook:26} {key:16} {verdict:15} {seen['attempts'] if seen else 0}")
+        lines.append(f"{notebook:{wide[0]}}  {key:{wide[1]}}  {verdict:15} "
+                     f"{seen['attempts'] if seen else 0}")
     return "\n".join(lines)
 
 
