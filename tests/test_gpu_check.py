@@ -319,12 +319,15 @@ def test_the_budget_has_an_estimate_and_a_basis_for_every_notebook():
 # A100s. These tests hold every plan to its notebook's cells, so that a cell that starts a
 # process, or a sweep given a run, changes the estimate or fails here naming the notebook.
 
-# The exercises whose check starts processes (a job under torchrun, a sweep); the others'
-# checks read an answer or train in the kernel.
+# The exercises whose check starts processes (a job under torchrun, a sweep), and those
+# whose check reads an answer or trains in the kernel: a new exercise is one or the other.
 LAUNCHING_CHECKS = ("conversion", "from_scratch", "challenge", "debugging", "eval_debugging",
                     "overlap", "buckets", "zero1")
+CHECKS_IN_THE_KERNEL = ("welcome", "sgd", "sampler", "stuck_ranks", "eval_stuck",
+                        "fit_in_memory", "sbatch_header", "self_check")
 PYTHON_LAUNCH = re.compile(r"\b(?:launch|nodes)\.(?:run|start)\(|\blabs\.check\(\"("
-                           + "|".join(LAUNCHING_CHECKS) + r")\"")
+                           + "|".join(LAUNCHING_CHECKS) + r")\"|^\s*!.*\b(?:torchrun|"
+                           r"python -m workshop_lib\.)", re.MULTILINE)
 BASH_LAUNCH = re.compile(r"^\s*(?:torchrun|python -m workshop_lib\.)")
 # A dry run of a %%bash cell: each launch prints the runs it would train (its --variant
 # flags, loops expanded by bash itself) instead of starting, on a descriptor of its own
@@ -402,6 +405,18 @@ def test_every_notebooks_plan_starts_what_its_cells_start(tmp_path):
             assert runs == launch.runs, (
                 f"{notebook}: cell {cell} trains {runs} run(s), its plan's {launch.name} "
                 f"{launch.runs}: make workshop_lib/plans.py say what the notebook trains")
+
+
+def test_every_exercise_check_is_known_to_start_processes_or_not():
+    """The freshness test counts the checks that start processes: each check a notebook
+    calls is classified, so that a new one cannot start jobs unpriced."""
+    for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb")):
+        text = "".join("".join(c["source"]) for c in notebook_cells(path.stem))
+        for key in re.findall(r"\blabs\.check\(\"(\w+)\"", text):
+            assert key in LAUNCHING_CHECKS + CHECKS_IN_THE_KERNEL, (
+                f"{path.stem}: labs.check({key!r}) is new to the GPU budget: add it to "
+                f"LAUNCHING_CHECKS (and its job to the notebook's plan) or to "
+                f"CHECKS_IN_THE_KERNEL in tests/test_gpu_check.py")
 
 
 def test_a_notebook_that_starts_one_more_process_fails_the_freshness_test(tmp_path,
