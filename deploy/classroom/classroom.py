@@ -315,6 +315,10 @@ def install_config(state, settings):
                     ignore=shutil.ignore_patterns("first_start.py", "__pycache__"))
     shutil.copytree(KIT / "grader", config / "grader",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # The progress service's code (a package the hub runs with PYTHONPATH=config): the
+    # repository may be closed to the grader account that runs it.
+    shutil.copytree(KIT / "progress", config / "progress",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (config / "class.json").write_text(json.dumps(
         {"course_id": settings["course_id"], "exchange": str(state / "exchange"),
          "course_folder": settings["course_folder"]}, indent=1) + "\n")
@@ -340,6 +344,19 @@ def make_exchange(state, grader, course_id):
         folder.mkdir(exist_ok=True)
         os.chown(folder, owner.pw_uid, owner.pw_gid)
         folder.chmod(mode)
+
+
+def make_progress_folder(state, grader):
+    """DIR/progress: the progress service's database, the grader's alone (the service runs
+    as the grader); kept by a new init (it holds the day's records)."""
+    folder = state / "progress"
+    if folder.is_symlink() or (folder.exists() and folder.stat().st_uid
+                               != pwd.getpwnam(grader).pw_uid):
+        raise KitError(f"{folder} is not the grader {grader}'s: remove it and run init again")
+    folder.mkdir(exist_ok=True)
+    shutil.chown(folder, grader, grader)
+    folder.chmod(0o700)
+    return folder
 
 
 def copy_course_folder(state, grader):
@@ -461,6 +478,7 @@ def command_init(args):
     ssl_cert, ssl_key = tls_files(state, args)
     add_account(state, args.grader, state / "grader", "ddp-workshop grader")
     course_folder = copy_course_folder(state, args.grader)
+    make_progress_folder(state, args.grader)
     settings = {
         "course_id": COURSE_ID,
         "grader": args.grader,
@@ -468,6 +486,7 @@ def command_init(args):
         "instructors": args.instructors,
         "ip": args.ip, "port": args.port, "hub_port": args.hub_port,
         "proxy_api_port": args.proxy_api_port, "formgrader_port": args.formgrader_port,
+        "progress_port": args.progress_port, "anonymous_survey": args.anonymous_survey,
         "idle_timeout_s": args.idle_timeout,
         "spawner": args.spawner,
         "shared_class_password": args.shared_class_password,
@@ -620,8 +639,9 @@ def command_serve(args):
     env = {**os.environ, "CLASSROOM_DIR": str(state),
            "PATH": f"{state / 'env' / 'bin'}:{proxy}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     scheme = "https" if settings.get("ssl_cert") else "http"
-    print(f"JupyterHub for {COURSE_ID} at {scheme}://{settings['ip']}:{settings['port']}/ "
-          f"(state in {state / 'hub'})", flush=True)
+    address = f"{scheme}://{settings['ip']}:{settings['port']}"
+    print(f"JupyterHub for {COURSE_ID} at {address}/ (state in {state / 'hub'}); the "
+          f"instructors' board at {address}/services/progress/", flush=True)
     os.chdir(state / "hub")
     # The hub stops the formgrader and the learners' servers with SIGINT, which they would
     # ignore, as started in the background, had this process inherited it ignored.
@@ -679,6 +699,11 @@ def parser():
     init.add_argument("--hub-port", type=int, default=8081, help="the hub's API, on 127.0.0.1")
     init.add_argument("--proxy-api-port", type=int, default=8001)
     init.add_argument("--formgrader-port", type=int, default=8082)
+    init.add_argument("--progress-port", type=int, default=8083,
+                      help="the progress service (the instructors' board), on 127.0.0.1")
+    init.add_argument("--anonymous-survey", action="store_true",
+                      help="the board and its CSV never say who answered the closing "
+                           "survey what")
     init.add_argument("--idle-timeout", type=int, default=3600,
                       help="stop a learner's server idle this many seconds")
     init.add_argument("--spawner", choices=["local", "slurm"], default="local",

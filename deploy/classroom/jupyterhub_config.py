@@ -64,10 +64,20 @@ c.Authenticator.allowed_users = learners | instructors
 # server of their own making on their port, too), and on the hub's origin it would run
 # with the instructor's login (README.md: "Who can do what").
 c.JupyterHub.load_groups = {"instructors": {"users": sorted(instructors)}}
+# The progress service (progress/): learners' kernels report their verdicts to it with
+# their server's token, which the hub gives access to it (server_token_scopes, below); the
+# board is the instructors' through a scope of their own (README.md: the board).
+PROGRESS = "progress"
+PROGRESS_ACCESS = f"access:services!service={PROGRESS}"
+BOARD_SCOPE = "custom:progress:board"
+progress_url = f"http://127.0.0.1:{settings.get('progress_port', 8083)}"
+c.JupyterHub.custom_scopes = {
+    BOARD_SCOPE: {"description": "read the class's progress board, its JSON and CSV"}}
 c.JupyterHub.load_roles = [
     {"name": "instructor", "groups": ["instructors"],
      "scopes": [f"access:services!service={course_id}", "list:users", "read:users",
-                "admin:servers"]},
+                "admin:servers", PROGRESS_ACCESS, BOARD_SCOPE]},
+    {"name": "progress-reporter", "users": sorted(learners), "scopes": [PROGRESS_ACCESS]},
     {"name": "idle-culler", "services": ["idle-culler"],
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
 ]
@@ -85,6 +95,22 @@ c.JupyterHub.services = [
             "PATH": f"{ENV_BIN}:{SYSTEM_PATH}",
         },
         "oauth_no_confirm": True,
+    },
+    {
+        "name": PROGRESS,
+        "url": progress_url,
+        "user": settings["grader"],
+        "cwd": str(STATE / "progress"),
+        "command": [str(ENV_BIN / "python"), "-m", "progress.service",
+                    f"--data={STATE / 'progress'}", f"--learners={STATE / 'learners.txt'}",
+                    f"--formgrader=/services/{course_id}/formgrader",
+                    *(["--anonymous-survey"] if settings.get("anonymous_survey") else [])],
+        "environment": {"PYTHONPATH": str(STATE / "config"),
+                        "PATH": f"{ENV_BIN}:{SYSTEM_PATH}"},
+        "oauth_no_confirm": True,
+        # An instructor's login gives the service a token with the board's scope; a
+        # learner's, without it (they do not hold it), is refused the board.
+        "oauth_client_allowed_scopes": [BOARD_SCOPE],
     },
     {
         "name": "idle-culler",
@@ -123,7 +149,15 @@ c.Spawner.environment = {
     # first_start.py sets these rlimits on the server, so on every kernel, terminal and
     # launch under it (README.md: limits).
     "CLASSROOM_LIMITS": json.dumps(limits),
+    # Where workshop_lib.progress sends each verdict, with the server's own token (its
+    # kernels inherit JUPYTERHUB_API_TOKEN): the service directly, on the loopback
+    # interface, as the hub reaches it (a SLURM job on another node needs the service on an
+    # address it reaches, like the hub's API: README.md, SLURM settings).
+    "CLASS_PROGRESS_URL": f"{progress_url}/services/{PROGRESS}/",
 }
+# The server's token: JupyterHub's default ('server' role) and the progress service.
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
+                                 PROGRESS_ACCESS]
 gpu_ids, gpus_each = settings.get("gpu_ids", []), settings.get("gpus_per_learner", 0)
 if settings["spawner"] == "local" and gpus_each and gpu_ids:
     # Learner k of learners.txt gets the k-th run of gpus_each devices, round the list:
