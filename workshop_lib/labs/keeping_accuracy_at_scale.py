@@ -270,6 +270,11 @@ def check(my_runs, profile_used=None, batch_scale=16, runs_dir=None, baselines=N
                        target))
     reached = [row for row in board if row["run"] in mine and row["seconds_to_target"]
                and holds_target(mine[row["run"]], target)]
+    # What the closing notebook (08) reads back: the batches, the target and its basis, and
+    # the flags of each of the learner's runs.
+    details = {"leaderboard": board, "target": target, "small_batch": small,
+               "large_batch": large, "small_acc": baselines["baseline_small"].final["val_acc"],
+               "runs": dict(my_runs)}
     if not reached:
         said = "; ".join(f"{name}: settled at {settled(run):.3f}, worst fall after warmup "
                          f"{worst_fall(run)[0]:.1f} pp" for name, run in mine.items())
@@ -279,13 +284,12 @@ def check(my_runs, profile_used=None, batch_scale=16, runs_dir=None, baselines=N
                               f"it (settled at or above it, no fall of {COLLAPSE_PP:g} pp or "
                               f"more from its best after warmup) ({said}). At this base "
                               f"rate the linear rule's k-times step is too large: what "
-                              f"does the learning rate need?",
-                       {"leaderboard": board, "target": target})
+                              f"does the learning rate need?", details)
     winner = reached[0]
     return Verdict(True, f"your run {winner['run']!r} reached {target:.3f} at batch {large} "
                          f"in {winner['seconds_to_target']:.2f} s of training (final "
-                         f"{winner['final_val_acc']:.3f})", {"leaderboard": board,
-                                                             "target": target})
+                         f"{winner['final_val_acc']:.3f})", {**details,
+                                                             "winner": winner["run"]})
 
 
 def _table(board, target):

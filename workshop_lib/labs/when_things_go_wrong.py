@@ -98,7 +98,9 @@ def check_fixed_job(path, stub, job, hint, ran_before):
                               f"same two epochs): the job must still train as it did")
     return Verdict(True, f"the job finishes in {result.seconds:.0f} s and reports the global "
                          f"accuracy over all {len(val_set)} validation samples, "
-                         f"{said['val_acc']:.4f}, the saved model's")
+                         f"{said['val_acc']:.4f}, the saved model's",
+                   {"seconds": result.seconds, "val_acc": said["val_acc"],
+                    "val_samples": len(val_set)})
 
 
 def saved_model_accuracy(path, val_set, info):
@@ -225,7 +227,9 @@ def check_stuck_ranks(answer):
     # The lines by number only: their code is the fix's first clue, for the learner to read.
     return Verdict(True, f"rank 0 waits in line {line_of(WAITS[0])}, rank 1 in line "
                          f"{line_of(WAITS[1])}: two different collectives, so neither ever "
-                         f"completes; next, find why")
+                         f"completes; next, find why",
+                   {"lines": {rank: line_of(code) for rank, code in WAITS.items()},
+                    "timeout_s": DIST_TIMEOUT_S})
 
 
 # Where each rank of files/eval_debugging_stub.py waits at the end of its first epoch: rank
