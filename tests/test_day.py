@@ -140,13 +140,13 @@ def test_the_optional_parts_are_headed_with_their_minutes_in_the_notebook():
                        for line in headings), (session.notebook, heading)
 
 
-def test_the_days_last_notebook_ends_with_the_recap_and_where_the_assessment_lives(
+def test_the_last_notebook_before_the_assessment_ends_with_the_recap_and_where_it_lives(
         monkeypatch):
     import json
     monkeypatch.syspath_prepend(str(REPO / "jupyter" / "learner"))
     import make_workspace
 
-    last = day.last_notebook_of_the_day()
+    last = day.last_notebook_before_the_assessment()
     assert last.notebook == "notebooks/05_worked_example.ipynb"
     code = ["".join(c["source"]) for c in json.loads((REPO / last.notebook).read_text())["cells"]
             if c["cell_type"] == "code"]

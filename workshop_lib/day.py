@@ -1,4 +1,4 @@
-"""The day: the course's sessions in teaching order, and the one table that shows them.
+"""The day: the course's sessions, and the one table that shows them.
 
 The README (section "The day") and notebook 00's opening cell show the same table, and
 ``tests/test_day.py`` keeps both equal to ``table()``. Each notebook's opening cell states
@@ -76,11 +76,13 @@ SESSIONS = (
             "write mini-batch SGD on a problem you can see; then throughput, accuracy and "
             "time to accuracy as the batch grows", (60, 60),
             Budget(reading=15, exercises=20, cpu_run=15, gpu_run=8)),
+    # 02 and 04 gave the closing session (08) its 15 min: 10 and 5 of the slack their slots
+    # held beyond the core path, the time their optional parts had on the day.
     Session("notebooks/02_from_one_gpu_to_many.ipynb",
             "make a single-device script a DDP job and launch it with torchrun; node, world "
             "size, global and local rank; predict what each rank sees; measure the same "
             "accuracy in less time and read its speed-up with Amdahl's law (strong vs weak "
-            "scaling; optional: the bench, DDP from two collectives)", (90, 90),
+            "scaling; optional: the bench, DDP from two collectives)", (80, 80),
             # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
             # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
             # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
@@ -98,7 +100,7 @@ SESSIONS = (
     Session("notebooks/04_when_things_go_wrong.ipynb",
             "crash a rank, hang a collective, kill a rank and resume from the checkpoint (bit "
             "for bit the uninterrupted job); read where each rank of a hung job waits, then "
-            "debug it (optional: a second hang, in a forward through DDP)", (45, 45),
+            "debug it (optional: a second hang, in a forward through DDP)", (40, 40),
             Budget(reading=12, exercises=15, cpu_run=12, gpu_run=8,
                    optional=(("a second hang, found the same way", 12),))),
     Session("notebooks/05_worked_example.ipynb",
@@ -121,6 +123,12 @@ SESSIONS = (
             "build overlap, buckets and ZeRO-1 yourself; what comes next: communication "
             "hooks, torch.compile, FSDP", None,
             Budget(reading=20, exercises=45, cpu_run=10, gpu_run=5)),
+    # After the assessment, on the day: no launch (its 1 min of "runs" is the kernel's start
+    # and imports); it reads the learner's records.
+    Session("notebooks/08_looking_back.ipynb",
+            "read your own records of the day: your speed-up and what limited it, the batch "
+            "your accuracy held at, a hang, your assessment job; a checked self-check; the "
+            "survey", (15, 15), Budget(reading=8, exercises=6, cpu_run=1, gpu_run=1)),
 )
 
 
@@ -177,16 +185,25 @@ def day_line():
 ASSESSMENT_IN_WORKSPACE = "ddp_refactor/ddp_refactor.ipynb"  # jupyter/learner/make_workspace.py
 
 
-def last_notebook_of_the_day():
-    """The day's last notebook session: its closing cell is followed by ``recap()``."""
-    return [s for s in the_day() if s.notebook.startswith("notebooks/")][-1]
+def _assessment():
+    return next(s for s in SESSIONS if s.notebook.startswith("assessment/"))
+
+
+def last_notebook_before_the_assessment():
+    """The day's last notebook session before the assessment: its closing cell is followed
+    by ``recap()``."""
+    day = the_day()
+    return [s for s in day[:day.index(_assessment())] if s.notebook.startswith("notebooks/")][-1]
 
 
 def recap(root=REPO):
-    """The end-of-day recap: each session of the day and what the learner did there, where
-    the assessment lives, and what is left for a second day."""
-    assessment = next(s for s in SESSIONS if s.notebook.startswith("assessment/"))
-    done = [s for s in the_day() if s.notebook.startswith("notebooks/")]
+    """The recap before the assessment: each session of the day so far and what the learner
+    did there, where the assessment lives, the closing session after it, and what is left
+    for a second day."""
+    assessment = _assessment()
+    day = the_day()
+    done = [s for s in day[:day.index(assessment)] if s.notebook.startswith("notebooks/")]
+    closing = day[day.index(assessment) + 1:]
     later = [s for s in SESSIONS if s.minutes is None]
     lines = ["Today, session by session:"]
     lines += [f"- {title(s, root)}: {s.you_do}." for s in done]
@@ -195,15 +212,24 @@ def recap(root=REPO):
                   f"notebooks/ folder, in the workspace `make lab` serves; the instructor's "
                   f"copy is {assessment.notebook}). Open it and follow it: it says what is "
                   f"graded."]
+    lines += [f"Then {title(s, root)} ({time_on_the_day(s)}, {s.notebook}): {s.you_do}."
+              for s in closing]
     lines += ["", "For a second day, or if you finish early:"]
     lines += [f"- {title(s, root)}: {s.you_do}." for s in later]
     return "\n".join(lines)
 
 
+def in_teaching_order():
+    """The sessions as the day runs them: the day's, then a second day's (``SESSIONS``
+    keeps the notebooks' numbered order, and the closing session, 08, is on the day)."""
+    return [*the_day(), *(s for s in SESSIONS if s.minutes is None)]
+
+
 def table(root=REPO):
     """The day table, as Markdown."""
     rows = ["| session | what you do | time |", "|---|---|---|"]
-    rows += [f"| {title(s, root)} | {s.you_do} | {time_on_the_day(s)} |" for s in SESSIONS]
+    rows += [f"| {title(s, root)} | {s.you_do} | {time_on_the_day(s)} |"
+             for s in in_teaching_order()]
     return "\n".join(rows)
 
 

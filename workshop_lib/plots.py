@@ -257,3 +257,27 @@ def plot_step_noise(rules, lr, ref_batch, batches, ax=None):
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small")
     return ax
+
+
+PROGRESS_COLOURS = {"PASS": "tab:green", "NOT YET": "tab:orange", "none": "lightgray"}
+
+
+def plot_progress(rows, ax=None):
+    """Notebook 08's picture of the learner's day: one bar per exercise (``rows``: dicts with
+    "key", "notebook" (its number), "checks" and "state": "PASS", "NOT YET" or "none"), as
+    long as the checks it took, coloured by where it stands; an exercise never checked
+    shows as a short grey stub."""
+    ax = _axes(ax, figsize=(7, 0.35 * len(rows) + 1.2))
+    labels = [f"{row['notebook']} {row['key']}" for row in rows][::-1]
+    lengths = [max(row["checks"], 0.15) for row in rows][::-1]
+    colours = [PROGRESS_COLOURS[row["state"]] for row in rows][::-1]
+    ax.barh(labels, lengths, color=colours)
+    for state, colour in PROGRESS_COLOURS.items():
+        ax.barh([labels[0]] if labels else [""], [0], color=colour,
+                label="never checked" if state == "none" else state)
+    ax.set_xlabel("checks you ran")
+    ax.set_title("your exercises today: how often you checked each, and where it stands")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize="small", loc="lower right")
+    return ax

@@ -171,6 +171,8 @@ def planned(machine=A100S, folder=NOTEBOOK_DIR):
 
 NOTEBOOKS = {
     **planned(),
+    "08_looking_back": Estimate(KERNEL_S, "no launch: the kernel reads the records and "
+                                          "checks the self-check's answers"),
 }
 GPU_TESTS = Estimate(8 * (LAUNCH_S + SMALL_RUN_S),
                      "tests/test_gpu.py: 8 tests, each a digits-sized job")
