@@ -13,10 +13,12 @@ day drives them (tests/test_classroom.py calls these inside the hubs it starts a
 
 Each step returns what it saw; the tests in test_classroom.py assert on it.
 """
+import datetime
 import json
 import re
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -48,6 +50,7 @@ SURVEYS = (
     ({"overall": 3, "explanations": 4, "exercises": 4, "pace": 4, "environment": 2},
      {"change": "more time for notebook 03"}),
 )
+SCREENSHOTS_OF_BOARD = {"instructor-board.png", "learner-refused-board.png"}
 PLANTED_REASON = "<img src=x onerror=\"document.title='BOARD SCRIPT RAN'\">"
 
 CHECK_CELL = """
@@ -242,6 +245,7 @@ def progress_day(hub, accounts, tokens, instructor_token, secret, folder, cell,
                     SURVEY_CELL, RATINGS=ratings, COMMENTS=comments), 60)
             page.locator("#ratings tr[data-rating=overall] td", has_text="4.00").wait_for(
                 timeout=SEEN_WITHIN_S * 1000)
+            seen["after survey"] = board(hub, instructor_token)["survey"]
             seen["survey row"] = page.locator("#ratings tr[data-rating=overall]").inner_text()
             seen["reasons shown"] = page.locator("#reasons").inner_text()
             seen["stuck shown"] = page.locator("#stuck").inner_text()
@@ -256,6 +260,13 @@ def progress_day(hub, accounts, tokens, instructor_token, secret, folder, cell,
     screenshots(folder / "instructor-board.png", folder / "learner-refused-board.png")
     seen["own token"] = {path or "page": hub.request("GET", BOARD + path, tokens[learners[2]])[0]
                          for path in ("", "board.json", "board.csv", "survey.csv")}
+    # A script of the learner's with their own API token (not the server's) reports too.
+    own = {"id": uuid.uuid4().hex, "kind": "exercise", "key": "sampler",
+           "notebook": "02_from_one_gpu_to_many", "ok": False, "reason": "sent by a script",
+           "time": datetime.datetime.now(datetime.UTC).isoformat(), "attempt": 2,
+           "details": {}}
+    seen["own token post"] = [hub.request("POST", BOARD + "api/records", tokens[learners[2]],
+                                          json_body={"records": [own]}) for _ in range(2)]
     seen["instructor csv"] = hub.request("GET", BOARD + "board.csv", instructor_token)[1]
     seen["survey csv"] = hub.request("GET", BOARD + "survey.csv", instructor_token)[1]
     seen["down"] = service_down(hub, grader, learners[2], instructor_token, cell)
