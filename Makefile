@@ -17,7 +17,7 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab instructor test test-fast check-labs gpu-check learner-kit classroom doctor \
+.PHONY: setup lab instructor test test-class test-fast check-labs gpu-check learner-kit classroom doctor \
 	lint html bench clean
 
 # The learner kit (make learner-kit, below) is this repository without tests/ and the
@@ -80,6 +80,10 @@ html: setup
 test: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
 	$(BIN)/python -m pytest
+
+# The class server's whole test as root, with the class of 30 graded (CI leaves that out).
+test-class: setup
+	$(BIN)/python -m pytest tests/test_classroom.py -rA
 
 # No torchrun, spawned ranks, papermill, nbgrader or browser: the logic, in seconds.
 test-fast: setup

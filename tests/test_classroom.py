@@ -22,7 +22,11 @@ through their own account and token:
   loopback: each blocked, one line each.
 
 The hub serves HTTPS with a self-signed certificate the kit made (--self-signed). Last, a
-class of 30 learner accounts logs in, starts its servers and runs a cell, all at once.
+class of 30 learner accounts logs in, starts its servers, runs a cell and submits (the
+solution, the mistake or the untouched release, in turn), all at once; the instructor
+collects all 30. The grader's `make autograde` then grades each of the 30 in the sandbox
+(``whole_class``: about 9 min here, so CI leaves it out; `make test` and `make test-class`
+run it).
 
 The SLURM variant runs the same hub with batchspawner on a one-node test SLURM with two fake
 GPUs (tests/slurm.py): two learners' servers run as their jobs with disjoint
@@ -125,10 +129,10 @@ def kit(state, *args, timeout=600):
     return result.stdout
 
 
-def as_user(user, *command):
+def as_user(user, *command, timeout=60):
     """Run ``command`` as ``user`` (sudo, as a learner's own shell would)."""
     return subprocess.run(["sudo", "-u", user, "--", *command], capture_output=True,
-                          text=True, timeout=60, cwd="/")
+                          text=True, timeout=timeout, cwd="/")
 
 
 def make_classroom(state, accounts, init_args):
@@ -1102,7 +1106,8 @@ def class_of_30(classroom, class_day):
     names = load_kit().learner_names(accounts.learner_prefix, CLASS_SIZE)
     secret = passwords(state)
     folder = Path(tempfile.mkdtemp(prefix="ddp-classroom-30-"))
-    result = {"names": names, "timings": {}}
+    result = {"names": names, "timings": {},
+              "class day forgery": (accounts.learners[1], accounts.learners[0])}
     hub = Hub(state, classroom["serve"], folder / "hub.log")
     try:
         with ThreadPoolExecutor(CLASS_SIZE) as pool:
@@ -1128,6 +1133,31 @@ def class_of_30(classroom, class_day):
             start = time.monotonic()
             result["cells"] = dict(zip(names, pool.map(a_cell, names), strict=True))
             result["timings"]["a cell each"] = time.monotonic() - start
+
+            # Each learner fetches (the class day's three have it already), writes their
+            # work and submits, all at once; the instructor collects.
+            work = class_work(names, solution_script())
+            result["work"] = {user: kind for user, (kind, _) in work.items()}
+
+            def submit(user):
+                if user not in accounts.learners:
+                    assignment_action(hub, user, tokens[user], "fetch")
+                kind, script = work[user]
+                if script is not None:
+                    write_script_cell(hub, user, tokens[user], script)
+                return assignment_action(hub, user, tokens[user], "submit")
+
+            start = time.monotonic()
+            result["submit"] = dict(zip(names, pool.map(submit, names), strict=True))
+            result["timings"]["all submitted"] = time.monotonic() - start
+        instructor = hub.token(accounts.instructor, passwords(state)["instructor_password"])
+        start = time.monotonic()
+        result["collect"] = hub.formgrader(f"assignment/{ASSIGNMENT}/collect", instructor,
+                                           timeout=300)
+        result["timings"]["collect"] = time.monotonic() - start
+        course = Path(hub.settings["course_folder"])
+        result["collected"] = sorted(path.parent.parent.name for path in
+                                     (course / "submitted").glob(f"*/{ASSIGNMENT}/{NOTEBOOK}"))
         result["hub answers"] = hub.request("GET", "/hub/api/")[0]
     finally:
         start = time.monotonic()
@@ -1147,6 +1177,82 @@ def test_a_class_of_30_logs_in_starts_and_runs_a_cell_at_once(class_of_30):
     ran = {user: said.strip() for user, said in class_of_30["cells"].items()}
     assert ran == uids, "each cell ran in its own learner's kernel, as that learner"
     assert class_of_30["hub answers"] == 200
+
+
+@pytest.mark.slow
+def test_the_class_of_30_submits_and_every_submission_is_collected(class_of_30):
+    names = class_of_30["names"]
+    assert all(body.get("success", True) for body in class_of_30["submit"].values())
+    assert class_of_30["collect"]["success"], class_of_30["collect"]["log"][-3000:]
+    # The class day's one forgery (the intrusion test's) stays in the exchange, refused
+    # again; the class's own 30 are no forgeries.
+    forger, victim = class_of_30["class day forgery"]
+    forged = [line for line in class_of_30["collect"]["log"].splitlines()
+              if "FORGED SUBMISSION" in line]
+    assert all(f"claims to be {victim}'s but belongs to {forger}" in line for line in forged)
+    assert class_of_30["collected"] == sorted(names), "nothing lost between submit and collect"
+
+
+def spread(values):
+    """``median (min-max)`` of some seconds."""
+    ordered = sorted(values)
+    return f"{ordered[len(ordered) // 2]:.0f} ({ordered[0]:.0f}-{ordered[-1]:.0f})"
+
+
+def class_work(names, solution):
+    """What each learner of the class submits, in turn: the solution, the known mistake,
+    the untouched release."""
+    kinds = [("solution", solution), ("mistake", solution.replace(*MISTAKE)),
+             ("untouched", None)]
+    return {user: kinds[i % len(kinds)] for i, user in enumerate(names)}
+
+
+@pytest.fixture(scope="module")
+def class_of_30_graded(classroom, class_of_30):
+    """The grader's `make autograde`, one submission at a time (as the formgrader's button
+    does), each learner's script in the sandbox; each submission's seconds and the scores."""
+    state, grader = classroom["state"], classroom["accounts"].grader
+    course = Path(json.loads((state / "class.json").read_text())["course_folder"])
+    seconds, logs = {}, {}
+    for user in class_of_30["names"]:
+        start = time.monotonic()
+        result = as_user(grader, "make", "-C", str(course), "autograde",
+                         f"VENV={state / 'env'}", f"NBGRADER_ARGS=--student {user} --force",
+                         timeout=AUTOGRADE_S)
+        seconds[user] = time.monotonic() - start
+        logs[user] = result.stdout + result.stderr
+        assert result.returncode == 0, f"autograde {user}:\n{logs[user][-3000:]}"
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        scores = {submission.student.id: {
+            "total": (submission.score, submission.max_score),
+            "lost": sorted(grade.name for notebook in submission.notebooks
+                           for grade in notebook.grades if grade.score < grade.max_score)}
+            for submission in gradebook.assignment_submissions(ASSIGNMENT)}
+    kinds = class_of_30["work"]
+    by_kind = ", ".join(f"{kind} {spread(s for user, s in seconds.items() if kinds[user] == kind)}"
+                        for kind in sorted(set(kinds.values())))
+    print(f"\nclass of {CLASS_SIZE} graded: {sum(seconds.values()):.0f} s in all; seconds per "
+          f"submission, median (min-max): all {spread(seconds.values())}; {by_kind}")
+    return {"seconds": seconds, "scores": scores, "logs": logs}
+
+
+@pytest.mark.slow
+@pytest.mark.whole_class
+def test_the_class_of_30_is_autograded_in_the_sandbox_each_on_their_own_work(
+        class_of_30, class_of_30_graded):
+    work, scores = class_of_30["work"], class_of_30_graded["scores"]
+    assert set(scores) >= set(work), "every collected submission has a grade"
+    for user, kind in work.items():
+        assert "Sandbox: each learner's script runs in bubblewrap" in \
+            class_of_30_graded["logs"][user], class_of_30_graded["logs"][user][-2000:]
+        total, most = scores[user]["total"]
+        if kind == "solution":
+            assert total == most > 0, (user, scores[user])
+        elif kind == "mistake":
+            assert MISTAKE_REQUIREMENT in scores[user]["lost"] and total < most, \
+                (user, scores[user])
+        else:
+            assert total == 0, (user, scores[user])
 
 
 # The kit's parts that start nothing: fast.
