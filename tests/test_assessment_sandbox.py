@@ -381,3 +381,36 @@ def test_grading_is_refused_in_one_line_where_no_sandbox_can_be_made(tmp_path):
                              capture_output=True, text=True, timeout=60,
                              env={"PATH": str(Path(sys.executable).parent)})
     assert own_run.stdout.strip() == "False", own_run.stderr
+
+
+def test_the_sandboxs_cost_per_launch_is_measured(tmp_path, capsys):
+    """What the sandbox adds to each launch, printed (BENCHMARKS.md quotes it): a process
+    that does nothing, started 15 times in a fresh sandbox (its scratch folder handed over
+    and taken back, as each graded launch does) and 15 times directly, interleaved."""
+    import time
+
+    sys.path.insert(0, str(SOURCE))
+    try:
+        import ddp_sandbox
+    finally:
+        sys.path.remove(str(SOURCE))
+    argv = [sys.executable, "-S", "-c", "pass"]
+    seconds = {"sandboxed": [], "direct": []}
+    for i in range(15):
+        scratch = tmp_path / f"scratch{i}"
+        scratch.mkdir()
+        (scratch / SCRIPT).write_text("pass\n")
+        start = time.perf_counter()
+        job = ddp_sandbox.Job(scratch, on_gpu=False)
+        assert job.popen(argv, env=dict(os.environ)).wait(timeout=60) == 0
+        job.finish()
+        seconds["sandboxed"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        subprocess.run(argv, check=True, timeout=60)
+        seconds["direct"].append(time.perf_counter() - start)
+    median = {how: sorted(times)[len(times) // 2] for how, times in seconds.items()}
+    with capsys.disabled():
+        print(f"\nsandbox cost per launch: median {median['sandboxed'] * 1000:.0f} ms "
+              f"sandboxed, {median['direct'] * 1000:.0f} ms direct: "
+              f"+{(median['sandboxed'] - median['direct']) * 1000:.0f} ms a launch "
+              f"({'as a throw-away uid' if os.geteuid() == 0 else 'unprivileged'})")
