@@ -97,6 +97,15 @@ class InstructorsHandler(Handler):
                            anonymous=self.service.anonymous)
 
 
+    def write_error(self, status_code, **kwargs):
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        if status_code == 403:
+            self.finish("403: the class's progress board is the instructors' only (log in "
+                        "at the hub with an instructor's name).\n")
+        else:
+            self.finish(f"{status_code}: {self._reason}\n")
+
+
 class PageHandler(InstructorsHandler):
     @web.authenticated
     def get(self):
