@@ -19,14 +19,21 @@ through their own account and token:
   password, a class password, squatting the exchange, a forged submission, another's
   kernel, a page planted in ~/.local/share/jupyter/labextensions opened by the instructor
   in Chromium, memory, processes and file size past the limits, plain HTTP off the
-  loopback: each blocked, one line each.
+  loopback: each blocked, one line each;
+- the progress service and the instructors' board (tests/class_progress.py): three
+  learners' kernels run real labs.check calls while the instructor's Chromium shows the
+  board, each learner's verdicts there within 10 s; the common NOT YET reasons, who is
+  stuck and two learners' survey answers aggregated; a learner's browser, own token and
+  server's token refused the board; a record naming another learner kept as the sender's
+  own; no verdict lost while the service stops answering.
 
 The hub serves HTTPS with a self-signed certificate the kit made (--self-signed). Last, a
 class of 30 learner accounts logs in, starts its servers, runs a cell and submits (the
 solution, the mistake or the untouched release, in turn), all at once; the instructor
-collects all 30. The grader's `make autograde` then grades each of the 30 in the sandbox
-(``whole_class``: about 9 min here, so CI leaves it out; `make test` and `make test-class`
-run it).
+collects all 30; every kernel reports a verdict at once and all 30 are on the board (the
+survey anonymous from then on). The grader's `make autograde` then grades each of the 30 in
+the sandbox (``whole_class``: about 9 min here, so CI leaves it out; `make test` and `make
+test-class` run it).
 
 The SLURM variant runs the same hub with batchspawner on a one-node test SLURM with two fake
 GPUs (tests/slurm.py): two learners' servers run as their jobs with disjoint
@@ -61,6 +68,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import class_progress
 import nbformat
 import psutil
 import pytest
@@ -282,7 +290,8 @@ def classroom(request):
         init_args = ["--grader", accounts.grader, "--instructors", accounts.instructor,
                      "--port", str(free_port()), "--hub-port", str(free_port()),
                      "--proxy-api-port", str(free_port()),
-                     "--formgrader-port", str(free_port()), "--self-signed", "127.0.0.1",
+                     "--formgrader-port", str(free_port()),
+                     "--progress-port", str(free_port()), "--self-signed", "127.0.0.1",
                      *[part for pair in LIMITS.items() for part in pair]]
         env, init, add_accounts, serve = make_classroom(state, accounts, init_args)
         start = time.monotonic()
@@ -632,6 +641,40 @@ def plain_http_off_loopback(state, init_args):
             and "--insecure-http" in result.stderr)
 
 
+def kernel_cells(hub, tokens):
+    """``cell(user, code, timeout)``: run code in that learner's one kernel (started on
+    first use), and ``shut_down()`` for after."""
+    kernels = {}
+
+    def cell(user, code, timeout):
+        if user not in kernels:
+            kernels[user] = start_kernel(hub, user, tokens[user])
+        return run_cell(hub, user, tokens[user], kernels[user], code, timeout)
+
+    def shut_down():
+        for user, kernel_id in kernels.items():
+            hub.request("DELETE", f"/user/{user}/api/kernels/{kernel_id}", tokens[user])
+
+    return cell, shut_down
+
+
+def progress_steps(hub, accounts, tokens, instructor, secret, folder):
+    """tests/class_progress.py's day: three learners' checks on the instructor's board, the
+    survey, a learner refused, the service stopped and back."""
+    cell, shut_down = kernel_cells(hub, tokens)
+
+    def keep(*screenshots):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        for path in screenshots:
+            shutil.copy(path, SCREENSHOTS / path.name)
+
+    try:
+        return class_progress.progress_day(hub, accounts, tokens, instructor, secret, folder,
+                                           cell, keep)
+    finally:
+        shut_down()
+
+
 @pytest.fixture(scope="module")
 def class_day(classroom, tmp_path_factory):
     """The whole day on the local spawner, the hub stopped after it; what each step showed,
@@ -684,6 +727,10 @@ def class_day(classroom, tmp_path_factory):
             hub.start_server(user, tokens[user])
         for user in learners:
             hub.wait_ready(user, tokens[user])
+        # Their kernels report checks to the progress service; the instructors' board.
+        start = time.monotonic()
+        day["progress"] = progress_steps(hub, accounts, tokens, instructor, secret, folder)
+        day["timings"]["progress and board"] = time.monotonic() - start
         for user in learners:
             assignment_action(hub, user, tokens[user], "fetch")
         solution = solution_script()
@@ -764,6 +811,103 @@ def test_every_attack_from_a_learner_account_is_blocked(class_day):
         print(f"  {'blocked' if blocked else 'OPEN   '}  {what}")
     assert len(attacks) >= 15
     assert all(attacks.values()), [what for what, blocked in attacks.items() if not blocked]
+
+
+@pytest.mark.slow
+def test_learners_kernels_report_with_their_servers_token(class_day):
+    """Each kernel inherits its server's token (JUPYTERHUB_API_TOKEN), owned by its learner,
+    with access to the progress service, and the service's address."""
+    settings = json.loads((class_day["state"] / "class.json").read_text())
+    for user, said in class_day["progress"]["kernels"].items():
+        assert said["token_owner"] == user
+        assert "access:services!service=progress" in said["token_scopes"], said
+        assert said["url"] == (f"http://127.0.0.1:{settings['progress_port']}"
+                               f"/services/progress/")
+        assert said["reported"] and said["pending"] == 0, said
+
+
+@pytest.mark.slow
+def test_three_learners_verdicts_are_on_the_instructors_board_within_10_s(class_day):
+    progress = class_day["progress"]
+    learners = class_day["accounts"].learners
+    assert progress["instructor page"] == 200
+    for user, expected in zip(learners, class_progress.EXPECTED, strict=True):
+        assert progress["grid"][user] == expected, progress["grid"]
+    late = set(learners) - set(progress["on board after"])
+    assert not late, (f"not on the board {class_progress.SEEN_WITHIN_S} s after their "
+                      f"checks: {late}; the page showed {progress['grid']}")
+    print("\nverdicts on the instructor's board after (s): "
+          + ", ".join(f"{user} {s:.1f}" for user, s in progress["on board after"].items()))
+    assert (class_progress.SCREENSHOTS_OF_BOARD <= {p.name for p in SCREENSHOTS.iterdir()})
+
+
+@pytest.mark.slow
+def test_the_board_shows_the_common_not_yet_reason_and_who_is_stuck(class_day):
+    progress, learners = class_day["progress"], class_day["accounts"].learners
+    reasons = progress["board"]["reasons"]
+    assert reasons["sampler"][0]["learners"] == 3
+    assert reasons["sampler"][0]["reason"].startswith("answer every question first")
+    assert reasons["sbatch_header"][0]["learners"] == 2
+    assert "would not fit the job" in reasons["sbatch_header"][0]["reason"]
+    shown = progress["reasons shown"]
+    assert "3 learners" in shown and "answer every question first" in shown
+    assert progress["board"]["stuck"] == [{"learner": learners[2], "why": [
+        "NOT YET 3 times in a row on sbatch_header"]}]
+    assert f"{learners[2]}: NOT YET 3 times in a row on sbatch_header" in progress["stuck shown"]
+    lines = progress["instructor csv"].splitlines()
+    assert lines[0].startswith("learner,notebook,exercise,latest,attempts")
+    assert f"{learners[2]},06_beyond_one_machine,sbatch_header,NOT YET,3,no," in \
+        progress["instructor csv"]
+
+
+@pytest.mark.slow
+def test_the_survey_is_aggregated_on_the_board(class_day):
+    progress, learners = class_day["progress"], class_day["accounts"].learners
+    for said in progress["survey said"].values():
+        assert "reached the class's progress service" in said, said
+    survey = progress["after survey"]
+    assert survey["answered"] == 2 and survey["learners"] == learners[:2]
+    assert survey["ratings"]["overall"] == {"count": 2, "mean": 4.0, "distribution": {
+        "1": 0, "2": 0, "3": 1, "4": 0, "5": 1}}
+    assert survey["comments"]["change"] == [{"learner": learners[1],
+                                             "text": "more time for notebook 03"}]
+    assert progress["survey row"].split() == ["overall", "2", "4.00", "0", "0", "1", "0", "1"]
+    assert progress["survey csv"].splitlines()[0].startswith("learner,")
+
+
+@pytest.mark.slow
+def test_a_learner_reads_no_board_and_writes_only_their_own_records(class_day):
+    progress, learners = class_day["progress"], class_day["accounts"].learners
+    victim, attacker = learners[0], learners[1]
+    refused = {"page": 403, "board.json": 403, "board.csv": 403, "survey.csv": 403}
+    assert progress["learner's browser"]["status"] == 403, progress["learner's browser"]
+    assert "the instructors' only" in progress["learner's browser"]["text"]
+    assert progress["own token"] == refused
+    # ... while their own token reports their own records, once each.
+    assert [said for said in progress["own token post"]] == [
+        (200, {"stored": 1, "rejected": []}), (200, {"stored": 0, "rejected": []})]
+    attack = progress["attack"]
+    assert {what: attack[what] for what in refused} == refused, "with the server's token"
+    # The record naming the victim, with the victim's id, was stored as the attacker's own.
+    assert attack["forged"] == [200, {"stored": 1, "rejected": []}]
+    before, after = progress["board"]["cells"], progress["after attack"]["cells"]
+    assert after[victim] == before[victim]
+    assert after[attacker]["sampler"]["attempts"] == before[attacker]["sampler"]["attempts"] + 1
+    # Its reason, a planted tag, is text on the instructor's page: nothing of it ran.
+    assert progress["planted tags on the page"] == 0
+    assert progress["page title"] == "Class progress"
+
+
+@pytest.mark.slow
+def test_no_verdict_is_lost_while_the_service_is_down(class_day):
+    down, learner = class_day["progress"]["down"], class_day["accounts"].learners[2]
+    assert down["stopped"] == 1
+    assert down["checked while down"] == {"ok": True, "pending": 1}
+    assert down["board while down"] is None, "the service answered while stopped"
+    sent = down["sent"]
+    assert sent["returncode"] == 0 and sent["pending"] == 0, sent
+    assert down["board"]["cells"][learner]["sbatch_header"]["ok"] is True
+    assert down["board"]["cells"][learner]["sbatch_header"]["attempts"] == 4
 
 
 @pytest.mark.slow
@@ -1019,6 +1163,8 @@ def slurm_day(classroom, class_day):
                     hub.wait_ready(user, tokens[user])
                 day["timings"]["two servers"] = time.monotonic() - start
                 day["devices"] = {user: visible_devices(user) for user in (first, second)}
+                day["progress url"] = {user: server_processes(user)[0].environ().get(
+                    "CLASS_PROGRESS_URL") for user in (first, second)}
                 day["listening"] = {user: listening_addresses(user) for user in (first, second)}
                 hub.start_server(third, tokens[third])
                 deadline = time.monotonic() + 60
@@ -1068,6 +1214,13 @@ def test_a_new_server_keeps_the_learners_files_and_restores_deleted_ones(slurm_d
 
 
 @pytest.mark.slow
+def test_slurm_learners_servers_have_the_progress_services_address(slurm_day, classroom):
+    port = json.loads((classroom["state"] / "class.json").read_text())["progress_port"]
+    assert set(slurm_day["progress url"].values()) == {
+        f"http://127.0.0.1:{port}/services/progress/"}, slurm_day["progress url"]
+
+
+@pytest.mark.slow
 def test_slurm_third_learner_waits_in_the_queue_then_starts(slurm_day, classroom):
     first, second, third = classroom["accounts"].learners
     queue = slurm_day["queue while full"]
@@ -1101,7 +1254,8 @@ def class_of_30(classroom, class_day):
     """The whole class at once: CLASS_SIZE learner accounts log in (their own passwords,
     over HTTPS), start their servers and run a cell, all together; the times it took."""
     state, accounts = classroom["state"], classroom["accounts"]
-    kit(state, "init", *classroom["init_args"])  # the local spawner again after SLURM's
+    # The local spawner again after SLURM's; the survey anonymous from now on.
+    kit(state, "init", *classroom["init_args"], "--anonymous-survey")
     kit(state, "accounts", "add", str(CLASS_SIZE), "--prefix", accounts.learner_prefix)
     names = load_kit().learner_names(accounts.learner_prefix, CLASS_SIZE)
     secret = passwords(state)
@@ -1125,14 +1279,27 @@ def class_of_30(classroom, class_day):
             result["ready after"] = dict(zip(names, pool.map(ready, names), strict=True))
             result["timings"]["all servers ready"] = time.monotonic() - start
 
+            kernels = {}
+
             def a_cell(user):
-                kernel_id = start_kernel(hub, user, tokens[user])
+                kernel_id = kernels[user] = start_kernel(hub, user, tokens[user])
                 return run_cell(hub, user, tokens[user], kernel_id,
                                 "import os; print(os.getuid())")
 
             start = time.monotonic()
             result["cells"] = dict(zip(names, pool.map(a_cell, names), strict=True))
             result["timings"]["a cell each"] = time.monotonic() - start
+
+            # Every kernel reports a verdict at once, each with its server's own token.
+            board_token = hub.token(accounts.instructor, secret["instructor_password"])
+            result["reports"] = class_progress.class_reports(
+                hub, names, board_token, lambda user, code, timeout: run_cell(
+                    hub, user, tokens[user], kernels[user], code, timeout))
+            result["timings"]["30 reports on the board"] = \
+                result["reports"]["all on the board after"]
+            result["anonymous survey"] = {
+                "board": class_progress.board(hub, board_token)["survey"],
+                "csv": hub.request("GET", class_progress.BOARD + "survey.csv", board_token)[1]}
 
             # Each learner fetches (the class day's three have it already), writes their
             # work and submits, all at once; the instructor collects.
@@ -1253,6 +1420,31 @@ def test_the_class_of_30_is_autograded_in_the_sandbox_each_on_their_own_work(
                 (user, scores[user])
         else:
             assert total == 0, (user, scores[user])
+
+
+@pytest.mark.slow
+def test_30_learners_reporting_at_once_are_all_on_the_board(class_of_30):
+    reports = class_of_30["reports"]
+    assert reports["missing"] == [], f"not on the board: {reports['missing']}"
+    assert set(reports["kernels"]) == set(class_of_30["names"])
+    for user, said in reports["kernels"].items():
+        assert said["delivered"] and said["pending"] == 0, (user, said)
+    print(f"\n{CLASS_SIZE} learners reporting at once: all on the board after "
+          f"{reports['all on the board after']:.1f} s (the slowest kernel's report "
+          f"{reports['slowest report']:.2f} s)")
+
+
+@pytest.mark.slow
+def test_an_anonymous_survey_names_nobody_on_the_board_or_in_its_csv(class_of_30, classroom):
+    """`init --anonymous-survey` (the class of 30's): the class day's two answers are still
+    counted, and nothing says whose they were."""
+    survey = class_of_30["anonymous survey"]
+    assert survey["board"]["anonymous"] and survey["board"]["answered"] == 2
+    assert survey["board"]["learners"] == []
+    header = survey["csv"].splitlines()[0].split(",")
+    assert "learner" not in header and "overall" in header, header
+    for name in classroom["accounts"].learners:
+        assert name not in json.dumps(survey["board"]) and name not in survey["csv"]
 
 
 # The kit's parts that start nothing: fast.
