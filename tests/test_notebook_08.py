@@ -6,9 +6,9 @@ The day is made as a learner makes it: the real checks judge stubs and reference
 names; the challenge's trained verdict is the one notebook 03's execution recorded earlier
 in the session, where there is one), notebook 02's comparison is two real runs (one
 process trained here, the two-rank run the suite shares), and the assessment's checks
-record a result. No verdict is typed by hand. Then the notebook runs under papermill on those records, and each takeaway must
-state the numbers the records hold; with a record taken away, the sentence saying it is
-missing appears instead.
+record a result. No verdict is typed by hand. Then the notebook runs under papermill on
+those records, and each takeaway must state the numbers the records hold; with a record
+taken away, the sentence saying it is missing appears instead.
 """
 import contextlib
 import io
