@@ -285,6 +285,19 @@ def amdahl_speedup(serial, n):
     return 1 / (serial + (1 - serial) / n)
 
 
+def speedup_reading(baseline, scaled):
+    """1 process against N, read from their runs: ``(n, t1, tn, speedup, serial, on_cpu)``,
+    the epoch seconds of each, S = t1/tn and the serial fraction; None when the scaled runs
+    had one process (nothing to read)."""
+    n = scaled[0].start["world_size"]
+    if n < 2:
+        return None
+    t1, tn = epoch_seconds(baseline), epoch_seconds(scaled)
+    speedup = t1 / tn
+    on_cpu = not str(scaled[0].start["device"]).startswith("cuda")
+    return n, t1, tn, speedup, serial_fraction(speedup, n), on_cpu
+
+
 def amdahl(baseline, scaled):
     """Amdahl's law on the promise's own epochs: 1 process against N at the same batch per
     process (weak scaling in the scaling tables' words), the same training set per epoch
@@ -292,18 +305,15 @@ def amdahl(baseline, scaled):
     the N processes added (the all-reduce, waiting), so it predicts to more processes only
     where they bring more compute (GPUs), never on a CPU whose cores they share.
     ``baseline``, ``scaled``: lists of Runs."""
-    n = scaled[0].start["world_size"]
-    if n < 2:
+    reading = speedup_reading(baseline, scaled)
+    if reading is None:
         return Findings([skipped("amdahl", "the scaled runs had one process: no speed-up to "
                                            "fit Amdahl's law to (nproc is 1).")])
-    t1, tn = epoch_seconds(baseline), epoch_seconds(scaled)
-    speedup = t1 / tn
-    serial = serial_fraction(speedup, n)
+    n, t1, tn, speedup, serial, on_cpu = reading
     measured = (f"An epoch took {t1:.2f} s on 1 process and {tn:.2f} s on {n}: speed-up "
                 f"S = {speedup:.2f}, so the serial fraction (Karp-Flatt: Amdahl's law "
                 f"solved for s) s = (N/S - 1)/(N - 1) = "
                 f"({n}/{speedup:.3f} - 1)/({n} - 1) = {serial:.2f}.")
-    on_cpu = not str(scaled[0].start["device"]).startswith("cuda")
     if serial < 0:
         return Findings([Finding("amdahl", f"{measured} Below 0: faster than {n} times, "
                                  f"which Amdahl's law cannot give (no work divides better "

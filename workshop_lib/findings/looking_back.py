@@ -13,8 +13,7 @@ from workshop_lib import day, labs, runlog
 from workshop_lib.findings.base import Finding, Findings, skipped
 from workshop_lib.findings.from_one_gpu_to_many import (
     ALMOST_PARALLEL,
-    epoch_seconds,
-    serial_fraction,
+    speedup_reading,
 )
 from workshop_lib.findings.keeping_accuracy_at_scale import TARGET_FRACTION
 from workshop_lib.labs import when_things_go_wrong
@@ -105,14 +104,11 @@ def speedup(one_device, scaled, folder="runs/02_ddp"):
                                             "N (its section 4)",
                                  f"{folder} holds no finished runs of its two arms; run that "
                                  f"section of notebook 02")])
-    n = scaled[0].start["world_size"]
-    if n < 2:
+    reading = speedup_reading(one_device, scaled)
+    if reading is None:
         return Findings([skipped("speedup", "your notebook 02 comparison ran one process "
                                             "(nproc was 1): no speed-up to read.")])
-    t1, tn = epoch_seconds(one_device), epoch_seconds(scaled)
-    s_up = t1 / tn
-    serial = serial_fraction(s_up, n)
-    on_cpu = not str(scaled[0].start["device"]).startswith("cuda")
+    n, t1, tn, s_up, serial, on_cpu = reading
     said = (f"Your speed-up (notebook 02): an epoch took {t1:.2f} s on 1 process and "
             f"{tn:.2f} s on {n}, {s_up:.2f}x, a scaling efficiency of {s_up / n:.0%}; "
             f"Amdahl's serial fraction s = (N/S - 1)/(N - 1) = {serial:.2f}.")
