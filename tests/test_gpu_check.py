@@ -650,6 +650,38 @@ def test_a_notebook_runs_with_solutions_absolute_runs_and_a_cell_limit(tmp_path)
     assert Path(args[3]) == tmp_path / "notebooks" / "02_from_one_gpu_to_many.ipynb"
 
 
+def test_the_bench_step_reads_notebook_02s_run_on_several_gpus_else_runs_its_own(
+        tmp_path, monkeypatch):
+    """Notebook 02's bench cell runs the step's command on every GPU: where the notebook
+    passed in this check, the step reads that run; else (one GPU, the notebook failed or
+    its run is not on every GPU) it runs its own."""
+    monkeypatch.setattr(full.torch.cuda, "device_count", lambda: 4)
+    ran = tmp_path / "runs" / full.BENCH_NOTEBOOK / "bench.json"
+    ran.parent.mkdir(parents=True)
+    row = {"config": "course", "world_size": 4, "mode": "weak",
+           "efficiency": {"median": 0.9}, "predicted_efficiency": 0.95}
+    report = {"setup": {"device": "cuda", "world_size": 4}, "scaling": [row]}
+    ran.write_text(json.dumps(report))
+    ctx = ScriptedContext(tmp_path, stdout="")
+    ctx.results[full.BENCH_NOTEBOOK] = Outcome(full.BENCH_NOTEBOOK, PASS)
+    outcome = full.bench(ctx, 300)
+    assert outcome.status == PASS and not ctx.commands
+    assert outcome.figures == ["course step, 4 processes: weak-scaling efficiency 0.90 "
+                               "(predicted 0.95)"]
+    assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
+    for change in ({"status": FAIL}, {"world_size": 2}, {"gpus": 1}):
+        ctx = ScriptedContext(tmp_path, stdout="")
+        ctx.results[full.BENCH_NOTEBOOK] = Outcome(full.BENCH_NOTEBOOK,
+                                                   change.get("status", PASS))
+        ran.write_text(json.dumps({**report, "setup": {
+            "device": "cuda", "world_size": change.get("world_size", 4)}}))
+        gpus = change.get("gpus", 4)
+        monkeypatch.setattr(full.torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        full.bench(ctx, 300)
+        [(args, _, _)] = ctx.commands
+        assert args[:3] == ["-m", "workshop_lib.bench", "--quick"], change
+
+
 def test_the_equivalence_compares_in_full_float32_and_restores_tf32():
     from workshop_lib import equivalence
 
