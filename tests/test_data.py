@@ -1,11 +1,14 @@
 """Datasets, samplers and loaders: what every rank sees, and the real Fashion-MNIST reader."""
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch.utils.data import RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from conftest import REPO
 from workshop_lib import data
 from workshop_lib.errors import CourseError
 
@@ -104,7 +107,33 @@ def write_tiny_fashion_mnist(root, n_train=20, n_val=10):
     return sets
 
 
-def test_fashion_mnist_goes_through_torchvision_reader_from_the_raw_files(tmp_path):
+def test_the_datasets_are_read_as_scikit_learn_and_torchvision_read_them_without_them(
+        tmp_path):
+    """digits as sklearn's load_digits gives it, an IDX file as torchvision's MNIST reader
+    reads it; in a fresh process, loading either imports neither package (each import cost
+    a launched process 1.2-2.2 s)."""
+    from sklearn.datasets import load_digits
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    images, labels = data.digits_arrays()
+    digits = load_digits()
+    assert torch.equal(images, torch.tensor(digits.images, dtype=torch.float32))
+    assert torch.equal(labels, torch.tensor(digits.target, dtype=torch.int64))
+    write_tiny_fashion_mnist(tmp_path)
+    raw = data.fashion_mnist_raw_dir(tmp_path)
+    assert torch.equal(data.read_idx(raw / "train-images-idx3-ubyte"),
+                       read_image_file(str(raw / "train-images-idx3-ubyte")))
+    assert torch.equal(data.read_idx(raw / "t10k-labels-idx1-ubyte").long(),
+                       read_label_file(str(raw / "t10k-labels-idx1-ubyte")))
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; from workshop_lib import data; "
+         f"data.load('digits'); data.load('fashion-mnist', {str(tmp_path)!r}); "
+         "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'torchvision'}))"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
+
+
+def test_fashion_mnist_is_read_from_the_raw_files(tmp_path):
     written = write_tiny_fashion_mnist(tmp_path)
     assert data.resolve_name("auto", tmp_path) == "fashion-mnist"
     train_set, val_set, info = data.load("auto", tmp_path)
@@ -133,6 +162,9 @@ def test_truncated_fashion_mnist_is_reported_not_a_traceback(tmp_path):
     images = data.fashion_mnist_raw_dir(tmp_path) / "train-images-idx3-ubyte"
     images.write_bytes(images.read_bytes()[:1000])
     with pytest.raises(CourseError, match="unreadable"):
+        data.load("fashion-mnist", tmp_path)
+    images.write_bytes(b"\x00\x00\x0d\x03" + bytes(12))  # floats, not bytes
+    with pytest.raises(CourseError, match="unreadable .*not an IDX file of unsigned bytes"):
         data.load("fashion-mnist", tmp_path)
 
 
