@@ -11,11 +11,11 @@ host or device memory:
 - ``digits``: scikit-learn's 1,797 real handwritten digits (8x8), bundled inside the
   scikit-learn wheel, so it needs no network. Small enough that a CPU trains a CNN on it
   in seconds, and it still shows the large-batch effects of notebook 03.
+- ``auto``: ``fashion-mnist`` when its files are present, otherwise ``digits``.
 
 Every launched process loads its dataset, so loading reads the files itself: importing
-``torchvision.datasets`` or ``sklearn.datasets`` to read them cost each process 1.2-2.2 s
+``torchvision.datasets`` or ``sklearn.datasets`` to read them cost each process 1.1-2.2 s
 more than loading the data (measured on the 2-core CI machine).
-- ``auto``: ``fashion-mnist`` when its files are present, otherwise ``digits``.
 
     python -m workshop_lib.data list
     python -m workshop_lib.data download fashion-mnist [--data-dir DIR]
