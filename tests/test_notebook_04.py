@@ -95,7 +95,7 @@ def test_the_debugging_exercise_shows_the_hang_names_it_and_the_fix_passes(execu
     _, _, text = executions[0]
     assert "===== rank 0" in text and "===== rank 1" in text, "each stuck rank's stack"
     assert "PASS: rank 0 waits in line" in text, "where each rank waits, answered first"
-    assert "Timed out waiting" in text, "the stuck job ends at its collective timeout"
+    assert "Timed out waiting" in text, "section 2's hang ends at its collective timeout"
     assert "Detected mismatch between collectives" in text, "TORCH_DISTRIBUTED_DEBUG=DETAIL"
     assert "PASS: the job finishes" in text
     dump = plain(text)
