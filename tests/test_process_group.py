@@ -258,15 +258,19 @@ class Slow(torch.Tensor):
         worker = threading.current_thread() is not threading.main_thread()
         print("dropped by", "gloo's worker" if worker else "the main thread", file=sys.stderr,
               flush=True)
-        end = time.perf_counter() + 0.3
+        end = time.perf_counter() + 1.0
         while time.perf_counter() < end:
             pass
 dist.init_process_group("gloo")
 model = DDP(torch.nn.Linear(4, 2))  # after DDP, the workers outlive the group
+# Both of gloo's worker threads copy 64 MB first, so t's all-reduce waits its turn: the
+# `del` below leaves a worker holding the last reference, however the threads are scheduled.
+big = torch.ones(2**24)
+busy = [dist.all_gather([torch.empty_like(big)], big, async_op=True) for _ in range(2)]
 t = torch.Tensor._make_subclass(Slow, torch.ones(10))
 work = dist.all_reduce(t, async_op=True)
 del t, work  # the worker now holds the last reference
-time.sleep(0.1)
+time.sleep(0.5)  # the worker drops it meanwhile, and is still in __del__ at the exit
 dist.destroy_process_group()
 """
 
@@ -281,9 +285,10 @@ def test_a_tensor_dropped_by_gloo_during_shutdown_aborts_unless_the_exit_guard_w
     import signal
     import subprocess
     import sys
-    # Which thread drops the tensor is a race (the worker may let go before the main thread's
-    # `del`): retry until the worker did, the case this test is about.
-    for _ in range(5):
+    # The job makes gloo's worker drop the tensor (it was a race until the worker was kept
+    # busy: a CI run on a slowed machine lost it five times in a row); a retry stays, in case
+    # the main thread is held off the CPU for longer than the workers' copies take.
+    for _ in range(3):
         env = {**__import__("os").environ, "RANK": "0", "WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         result = subprocess.run([sys.executable, "-c", LATE_TENSOR_JOB, mode], env=env,

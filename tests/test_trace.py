@@ -379,8 +379,11 @@ def test_two_cpu_ranks_write_traces_and_a_consistent_summary(tmp_path):
             assert s["collectives"] >= 1 and s["compute_ms"] > 0 and s["exposed_ms"] >= 0
             assert s["overlapped_ms"] + s["exposed_ms"] == pytest.approx(
                 s["communication_ms"], abs=1e-3)
-            # The span in the trace and the clock around the step agree.
-            assert s["step_ms"] == pytest.approx(s["measured_ms"], rel=0.05, abs=0.2)
+            # The span in the trace holds the clock around the step (the trace's times are
+            # to the microsecond) and little more: entering and leaving the span, and on a
+            # loaded machine whatever ran meanwhile (a CI run saw 46.4 ms against 43.1).
+            assert s["measured_ms"] <= s["step_ms"] + 0.01, s
+            assert s["step_ms"] <= 1.5 * s["measured_ms"] + 1.0, s
         # Compute plus exposed communication account for the measured step (the rest is
         # Python between operators, and the machine's other work).
         assert 0.8 <= rank["median"]["accounted"]["median"] <= 1.2, rank["median"]
