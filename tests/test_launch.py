@@ -45,3 +45,19 @@ def test_the_summary_says_which_rank_failed_how(tmp_path):
     assert "after 1 restart(s)" in summary and "rank 1 failed first (killed by SIGKILL)" in summary
     assert killed.outcome()["exitcode"] == -9 and not killed.outcome()["ok"]
     assert launch.LaunchResult(0, 1, tmp_path, seconds=3).summary() == "SUCCESS in 3 s."
+
+
+def test_a_job_that_ended_on_its_own_can_still_be_stopped(tmp_path):
+    """The notebook stops a stuck job after reading its stacks; if the job's collective
+    timed out first (a slow machine), ``stop`` finds nothing to stop and says nothing,
+    as it does when called twice."""
+    import io
+    import os
+    import sys
+
+    job = launch.Job([sys.executable, "-c", "pass"], dict(os.environ), tmp_path, quiet=True,
+                     stream=io.StringIO())
+    job.process.wait(timeout=60)
+    job.stop()
+    job.stop()
+    assert job.result().returncode == 0

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -207,7 +208,12 @@ script = labs.get("debugging").stub(path="debug_job.py")
 job = launch.start([str(script), "--out", "out", "--dist-timeout", "60"], nproc=2,
                    env={"CUDA_VISIBLE_DEVICES": ""}, quiet=True)
 try:  # the notebook's steps
-    assert job.wait_until_stuck(timeout=240), "the ranks never stopped"
+    if not job.wait_until_stuck(timeout=240):
+        if job.process.poll() is None:
+            raise SystemExit("the ranks never stopped: still changing after 240 s")
+        result = job.result()  # the job ended before its ranks were seen waiting: how
+        print(json.dumps({"ended": result.summary(), "output": "".join(result.output)}))
+        raise SystemExit(3)
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown):
         job.dump_stacks()
@@ -274,10 +280,19 @@ def test_a_learner_account_without_py_spy_reads_the_stuck_ranks_and_answers_from
     line of debug_job.py read from it passes stuck_ranks."""
     user, python, work = learner_account
     (work / "dump.py").write_text(LEARNER_DUMP)
-    done = subprocess.run(["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
-                           f"HOME={work}", "OMP_NUM_THREADS=1", str(python), "dump.py"],
-                          cwd=work, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    for attempt in (1, 2):
+        done = subprocess.run(["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
+                               f"HOME={work}", "OMP_NUM_THREADS=1", str(python), "dump.py"],
+                              cwd=work, capture_output=True, text=True, timeout=300)
+        if done.returncode != 3:
+            break
+        # Once in some twenty CI runs the job ended within 40 s, before its ranks were seen
+        # waiting (they wait 60 s); its cause was not reproduced here (14 runs of 14 beside
+        # busy loops). Say how it ended, and try once more: a second end fails the test.
+        ended = json.loads(done.stdout.splitlines()[-1])
+        warnings.warn(f"attempt {attempt}: the debug job ended before it was seen stuck: "
+                      f"{ended['ended']}\n{ended['output'][-3000:]}", stacklevel=1)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     said = json.loads(done.stdout.splitlines()[-1])
     assert said["ok"], said
     assert "most recent call first" in said["dump"], "the ranks' own dumps, not py-spy's"

@@ -320,13 +320,18 @@ class Job:
         return result
 
     def stop(self):
-        """Stop torchrun and its processes (SIGTERM; SIGKILL if they outlive 30 s)."""
+        """Stop torchrun and its processes (SIGTERM; SIGKILL if they outlive 30 s). A job
+        that already ended is left as it ended: stopping it twice, or after its own end, is
+        no error."""
         workers = self.worker_pids().values()  # each in a session of its own
-        os.killpg(self.process.pid, signal.SIGTERM)
+        # The group is gone once torchrun and everything it started have ended.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         for pid in workers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
