@@ -47,17 +47,21 @@ def test_the_summary_says_which_rank_failed_how(tmp_path):
     assert launch.LaunchResult(0, 1, tmp_path, seconds=3).summary() == "SUCCESS in 3 s."
 
 
-def test_a_job_that_ended_on_its_own_can_still_be_stopped(tmp_path):
-    """The notebook stops a stuck job after reading its stacks; if the job's collective
-    timed out first (a slow machine), ``stop`` finds nothing to stop and says nothing,
-    as it does when called twice."""
+def test_a_job_that_ended_on_its_own_says_so_and_can_still_be_stopped(tmp_path, capsys):
+    """The notebook reads a stuck job's stacks, then stops it; if the job's collective
+    timed out first (a slow machine), the dump says how the job ended, and ``stop`` finds
+    nothing to stop and says nothing, as it does when called twice."""
     import io
     import os
     import sys
 
-    job = launch.Job([sys.executable, "-c", "pass"], dict(os.environ), tmp_path, quiet=True,
-                     stream=io.StringIO())
+    job = launch.Job([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ),
+                     tmp_path, quiet=True, stream=io.StringIO())
     job.process.wait(timeout=60)
+    assert job.dump_stacks() == {}
+    said = capsys.readouterr().out
+    assert said.startswith("no rank is running: the job has ended. FAILED after"), said
+    assert "exit code 3" in said, said
     job.stop()
     job.stop()
-    assert job.result().returncode == 0
+    assert job.result().returncode == 3

@@ -42,3 +42,5 @@ def test_each_rank_waits_where_its_dump_says(tmp_path):
     assert any("debug_job.py:6: dist.all_reduce(sums)" in t.get_text() for t in ax.texts)
     same = plots.draw_hung_job({0: waiting[1], 1: waiting[1]}, "debug_job.py")
     assert "every rank in the same call" in same.get_title()
+    # A job that ended before its stacks were read: no rank, and no verdict drawn from none.
+    assert "no rank's stack was read" in plots.draw_hung_job({}, "debug_job.py").get_title()

@@ -228,7 +228,8 @@ def draw_hung_job(waiting, script, ax=None):
     ax.set_yticks([])
     verdict = (f"{len(calls)} different calls: each rank waits for the others in a "
                f"collective they never enter, until the timeout" if len(calls) > 1 else
-               "every rank in the same call")
+               "every rank in the same call" if ranks else
+               "no rank's stack was read (the job ended first): start it again")
     ax.set_title(f"where each rank of the hung job waits (its own stack dump): {verdict}",
                  fontsize="medium")
     for side in ("top", "right", "left", "bottom"):

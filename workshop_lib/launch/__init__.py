@@ -258,8 +258,11 @@ class Job:
         needs no ptrace rights; py-spy serves only a process that does not."""
         self.logs.poll()
         pids = self.worker_pids()
-        if not pids:
-            print("no rank is running (the job ended, or has not started its processes yet)")
+        if not pids and self.process.poll() is not None:
+            # A stuck job that nobody stopped ends at its collective timeout.
+            print(f"no rank is running: the job has ended. {self.result().summary()}")
+        elif not pids:
+            print("no rank is running yet (the job has not started its processes)")
         dumps = stacks.dump(pids, self.stacks_dir)
         for rank, text in dumps.items():
             print(f"===== rank {rank} (pid {pids[rank]}) =====\n{text}")
