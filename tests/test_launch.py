@@ -1,5 +1,8 @@
 """The launcher's report of a failed job, from torchrun's output and the ranks' logs."""
+import io
 import json
+import os
+import sys
 
 from workshop_lib import launch
 
@@ -51,10 +54,6 @@ def test_a_job_that_ended_on_its_own_says_so_and_can_still_be_stopped(tmp_path, 
     """The notebook reads a stuck job's stacks, then stops it; if the job's collective
     timed out first (a slow machine), the dump says how the job ended, and ``stop`` finds
     nothing to stop and says nothing, as it does when called twice."""
-    import io
-    import os
-    import sys
-
     job = launch.Job([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ),
                      tmp_path, quiet=True, stream=io.StringIO())
     job.process.wait(timeout=60)
