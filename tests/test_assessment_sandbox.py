@@ -414,3 +414,128 @@ def test_the_sandboxs_cost_per_launch_is_measured(tmp_path, capsys):
               f"sandboxed, {median['direct'] * 1000:.0f} ms direct: "
               f"+{(median['sandboxed'] - median['direct']) * 1000:.0f} ms a launch "
               f"({'as a throw-away uid' if os.geteuid() == 0 else 'unprivileged'})")
+
+
+# A graded script that tries to take the grading server down: threads, processes, a large
+# file in its folder, /dev/shm, and a flood of output. Rank 0 attacks before it imports
+# torch and lets everything go again; rank 1 waits for it (its gloo threads need tasks).
+RESOURCE_ATTACK = r'''
+import json, os, signal, sys, threading, time
+from pathlib import Path
+
+MIB = 2**20
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+
+
+def resources(folder, threads=1500, processes=300, file_mib=300, shm_mib=600):
+    """How far each attempt got: threads and processes started, MiB written."""
+    seen, stop, started, children = {}, threading.Event(), [], []
+    try:
+        for _ in range(threads):
+            thread = threading.Thread(target=stop.wait, daemon=True)
+            thread.start()
+            started.append(thread)
+    except RuntimeError:
+        pass
+    seen["threads"] = len(started)
+    stop.set()
+    for thread in started:
+        thread.join()
+    try:
+        for _ in range(processes):
+            pid = os.fork()
+            if pid == 0:
+                signal.pause()
+                os._exit(0)
+            children.append(pid)
+    except OSError:
+        pass
+    seen["processes"] = len(children)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    for name, path, mib in (("file_mib", Path(folder) / "big.bin", file_mib),
+                            ("shm_mib", Path("/dev/shm/big.bin"), shm_mib)):
+        written = 0
+        try:
+            with open(path, "wb") as big:
+                for _ in range(mib):
+                    big.write(bytes(MIB))
+                    big.flush()
+                    written += 1
+        except OSError:
+            pass
+        path.unlink(missing_ok=True)
+        seen[name] = written
+    return seen
+
+
+if __name__ == "__main__":
+    rank = int(os.environ.get("RANK", 0))
+    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        seen = resources(out)
+        for _ in range(20):  # 20 MiB of output, twenty times what the grader keeps
+            sys.stdout.write("x" * (MIB - 1) + "\n")
+        sys.stdout.flush()
+        (out / "attacked").write_text(json.dumps(seen))
+    while not (out / "attacked").exists():
+        time.sleep(0.2)
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    if rank == 0:
+        (out / "seen.json").write_text(json.dumps({**json.loads((out / "attacked")
+                                                              .read_text()),
+                                                   "all_reduce": total.item()}))
+'''
+
+
+def test_a_job_cannot_exhaust_the_grading_server(tmp_path):
+    """Threads and processes stop at the job's task limit, a file in its folder at the file
+    size limit, /dev/shm at its own size, and the grader keeps the first OUTPUT_CHARS of a
+    flood of output, with a note; the job itself still runs its collective. The same attack
+    run plainly, with no sandbox, gets past every one of those limits (the test can see an
+    attack succeed)."""
+    _, alice = make_course(tmp_path)
+    (alice / SCRIPT).write_text(RESOURCE_ATTACK)
+    checks = load_checks(alice)
+    sandbox = checks._sandbox_module()
+    previous, environ = os.getcwd(), dict(os.environ)
+    os.environ.update(NBGRADER_EXECUTION="autograde", OMP_NUM_THREADS="1")
+    os.environ.pop(sandbox.UNSANDBOXED_ENV, None)
+    os.chdir(alice)
+    try:
+        run = checks.launch(SCRIPT, hidden_config(checks), 2, False)
+    finally:
+        os.chdir(previous)
+        os.environ.clear()
+        os.environ.update(environ)
+    seen_file = run.out_dir / "seen.json"
+    assert seen_file.is_file(), run.output[-3000:]
+    seen = json.loads(seen_file.read_text())
+    tasks = sandbox.TASKS_BASE + sandbox.TASKS_PER_RANK * 2
+    print(f"in the sandbox: {seen}; tasks limit {tasks}")
+    assert seen["all_reduce"] == 2.0 and run.returncode == 0
+    assert seen["threads"] < tasks and seen["processes"] < tasks
+    assert seen["file_mib"] == sandbox.FILE_BYTES // 2**20
+    shm_mib = (sandbox.SHM_BASE + 2 * sandbox.SHM_PER_RANK) // 2**20
+    assert seen["shm_mib"] <= shm_mib
+    assert checks.OUTPUT_CHARS <= len(run.output) < checks.OUTPUT_CHARS + 200
+    assert "more characters; the grader kept its first" in run.output
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    attack = RESOURCE_ATTACK.split('if __name__ == "__main__":')[0]
+    unlimited = subprocess.run(
+        [sys.executable, "-c", attack + "print(json.dumps(resources(sys.argv[-1])))",
+         "--out", str(plain), str(plain)], capture_output=True, text=True, timeout=300)
+    open_seen = json.loads(unlimited.stdout.strip().splitlines()[-1])
+    print(f"without it: {open_seen}")
+    assert open_seen["threads"] >= tasks and open_seen["processes"] >= tasks
+    assert open_seen["file_mib"] > sandbox.FILE_BYTES // 2**20
+    assert open_seen["shm_mib"] > shm_mib

@@ -49,6 +49,9 @@ RECORDER = Path(__file__).resolve().with_name("ddp_recorder.py")
 TIME_LIMIT_ENV = "DDP_CHECKS_TIME_LIMIT_S"  # instructor's override of Config.time_limit_s
 NPROC_ENV = "DDP_CHECKS_NPROC"  # instructor's override of the number of processes
 CPU_PROCESSES = 2  # processes to launch where there are fewer than two GPUs
+# The job's output the grader keeps (its first characters): a correct job writes a few
+# thousand; the rest of a flood is dropped, with a note in the output.
+OUTPUT_CHARS = 1_000_000
 ACC_TOLERANCE = 1e-4  # well under one validation sample (1/360)
 LOSS_RTOL = 1e-3  # float32 sums in another order differ by ~1e-6
 PARAM_RTOL = 1e-6  # ranks that average their gradients hold bit-identical parameters
@@ -310,6 +313,29 @@ def _tail(text, lines=12):
     return "\n".join(kept[-lines:])
 
 
+class CappedReader(threading.Thread):
+    """Reads a job's output to its end, keeping its first OUTPUT_CHARS characters: the rest
+    is counted and dropped, so no output can fill the grader's memory."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.kept, self.size, self.dropped = stream, [], 0, 0
+        self.start()
+
+    def run(self):
+        for chunk in iter(lambda: self.stream.read(65536), ""):
+            room = max(0, OUTPUT_CHARS - self.size)
+            self.kept.append(chunk[:room])
+            self.size += min(room, len(chunk))
+            self.dropped += max(0, len(chunk) - room)
+
+    def text(self, timeout):
+        self.join(timeout)
+        note = (f"\n[the job wrote {self.dropped:,} more characters; the grader kept its "
+                f"first {OUTPUT_CHARS:,}]\n" if self.dropped else "")
+        return "".join(self.kept) + note
+
+
 def _kill(proc, evidence_dir, sandbox):
     """Stop torchrun and its workers. In the sandbox, killing bwrap ends its PID namespace
     and every process in it (and the pids the job recorded are the namespace's, not this
@@ -418,7 +444,7 @@ def _launch_once(script, config, nproc, on_gpu, run_dir):
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     if not on_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""  # one GPU cannot host two NCCL ranks: use the CPU
-    sandbox = sandbox_module.Job(scratch, on_gpu) if sandboxed else None
+    sandbox = sandbox_module.Job(scratch, on_gpu, nproc, time_limit) if sandboxed else None
     start = time.perf_counter()
     # stderr joins stdout: a test cell that writes to stderr scores 0, and torchrun
     # always warns there.
@@ -429,15 +455,17 @@ def _launch_once(script, config, nproc, on_gpu, run_dir):
     else:
         proc = subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True,
                                 **output)
+    reader = CappedReader(proc.stdout)
     try:
-        run.output, _ = proc.communicate(timeout=time_limit)
+        proc.wait(timeout=time_limit)
     except subprocess.TimeoutExpired:
         run.timed_out = True
         _kill(proc, evidence_dir, sandbox)
         try:
-            run.output, _ = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            run.output = ""
+            pass
+    run.output = reader.text(timeout=30)
     run.elapsed_s = time.perf_counter() - start
     run.returncode = proc.returncode
     if sandbox:

@@ -53,6 +53,18 @@ KEPT_PREFIXES = ("OMP_", "MKL_", "NCCL_")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/nsswitch.conf", "/etc/localtime")
 GPU_PATHS = ("/sys", "/run/nvidia-persistenced")
+# What one graded job may use: enough that no correct script comes near it (the assessment's
+# README says, limit by limit, what a correct job uses), little enough that thirty jobs
+# graded one after another cannot exhaust the server. Set with prlimit inside the sandbox,
+# soft and hard: the job cannot raise them again.
+TASKS_BASE, TASKS_PER_RANK = 128, 64  # its processes and threads, together (RLIMIT_NPROC)
+FILE_BYTES = 256 * 2**20  # the largest file it writes (RLIMIT_FSIZE)
+DATA_BYTES = 8 * 2**30  # each process's data (RLIMIT_DATA: CUDA reserves address space,
+#                         not data, so RLIMIT_AS would refuse a correct GPU job)
+CPU_SECONDS_PER_LIMIT_SECOND = 4  # each process's CPU time, per second of the time limit
+TMP_BYTES = 512 * 2**20  # its own /tmp (memory: a tmpfs)
+# Its own /dev/shm: NCCL keeps buffers there for GPUs that talk through host memory.
+SHM_BASE, SHM_PER_RANK = 256 * 2**20, 128 * 2**20
 
 
 class SandboxUnavailable(RuntimeError):
@@ -72,8 +84,8 @@ def problem():
     if bwrap is None:
         return ("bubblewrap (bwrap) is not installed: install it (Debian/Ubuntu: "
                 "apt-get install bubblewrap)")
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        return "setpriv is not installed: install util-linux"
+    if (os.geteuid() == 0 and shutil.which("setpriv") is None) or not shutil.which("prlimit"):
+        return "setpriv or prlimit is not installed: install util-linux"
     return _probe(bwrap, os.geteuid())
 
 
@@ -180,9 +192,10 @@ class Job:
     """One launch in the sandbox: ``scratch`` (made by the caller, holding everything the
     job needs) is handed to the job, ``popen`` starts it, ``finish`` takes the folder back."""
 
-    def __init__(self, scratch, on_gpu):
+    def __init__(self, scratch, on_gpu, nproc=2, time_limit_s=300):
         self.scratch = Path(scratch).resolve()
         self.on_gpu = on_gpu
+        self.nproc, self.time_limit_s = nproc, time_limit_s
         self.grader_uid, self.grader_gid = os.geteuid(), os.getegid()
         self.uid = unused_uid() if self.grader_uid == 0 else None
         if self.uid is not None:
@@ -197,8 +210,9 @@ class Job:
                 args += ["--symlink", os.readlink(path), folder]
             elif path.is_dir():
                 args += ["--ro-bind", folder, folder]
-        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
-                 "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/etc"]
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", str(self.shm_bytes()), "--tmpfs", "/dev/shm",
+                 "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--dir", "/etc"]
         made = {Path(p) for p in ("/", "/proc", "/dev", "/dev/shm", "/tmp", "/etc")}
         for file in SYSTEM_FILES:
             if Path(file).exists():
@@ -247,7 +261,20 @@ class Job:
             args += [shutil.which("setpriv"), f"--reuid={self.uid}", f"--regid={self.uid}",
                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
                      "--no-new-privs", "--"]
-        return args + list(argv), files
+        return args + self.limits() + list(argv), files
+
+    def shm_bytes(self):
+        return SHM_BASE + SHM_PER_RANK * self.nproc
+
+    def limits(self):
+        """prlimit's command that sets the job's limits, soft and hard, then runs it. Tasks
+        are counted per uid (the throw-away one) or per uid of the job's own user
+        namespace: only the job's own count."""
+        limits = {"nproc": TASKS_BASE + TASKS_PER_RANK * self.nproc, "fsize": FILE_BYTES,
+                  "data": DATA_BYTES,
+                  "cpu": int(CPU_SECONDS_PER_LIMIT_SECOND * self.time_limit_s) + 60}
+        return [shutil.which("prlimit") or "/usr/bin/prlimit",
+                *(f"--{name}={value}:{value}" for name, value in limits.items()), "--"]
 
     def popen(self, argv, env, **popen_args):
         """Start ``argv`` in the sandbox with the allowlist's variables of ``env``, in the
