@@ -12,12 +12,14 @@ it, with its error file written.
 import ast
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 import workshop_lib.bench.__main__ as bench_command
 from conftest import REPO, free_port
@@ -192,6 +194,7 @@ def test_the_reader_sees_calls_not_words():
 TEARDOWN_NEVER_RETURNS = """
 import sys, threading
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed import distributed_c10d
 
 def never_returns(*args, **kwargs):
@@ -240,6 +243,34 @@ def test_a_spawned_ranks_error_ends_the_job_and_reaches_the_parent():
     """The parent is this process: it gets the worker's CourseError, as one line would."""
     with pytest.raises(CourseError, match="batch 4096 is larger than a process's 900 samples"):
         distributed.spawn(spawned_rank, 2, free_port())
+
+
+def failing_worker(rank, how):
+    """A worker that fails as ``how`` says, with no process group: its own exception, its
+    own exit, or a signal."""
+    if how == "raises":
+        raise ValueError("the worker's own mistake")
+    if how == "exits":
+        os._exit(7)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["raises", "exits", "killed"])
+def test_a_spawned_worker_that_fails_says_how_in_the_parent(how):
+    """spawn's failure path ends in the worker's own traceback, exit status or signal,
+    never in an error of its own (torch names the failed worker's pid error_pid)."""
+    with pytest.raises((mp.ProcessRaisedException, mp.ProcessExitedException)) as raised:
+        distributed.spawn(failing_worker, 1, how)
+    said = str(raised.value)
+    if how == "raises":
+        assert isinstance(raised.value, mp.ProcessRaisedException)
+        assert "Traceback" in said and "ValueError: the worker's own mistake" in said
+    elif how == "exits":
+        assert raised.value.exit_code == 7, said
+    else:
+        assert raised.value.signal_name == "SIGKILL", said
+    assert raised.value.error_pid > 0
 
 
 # A finished collective whose tensor's last reference is gloo's worker thread, dropped

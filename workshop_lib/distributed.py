@@ -126,7 +126,7 @@ def spawn(worker, nprocs, *args):
                 raise errors.CourseError(told["message"]) from None
             raise mp.ProcessRaisedException(
                 f"\n\n-- Process {failure.error_index} terminated with the following error:\n"
-                f"{told['traceback']}", failure.error_index, failure.pid) from None
+                f"{told['traceback']}", failure.error_index, failure.error_pid) from None
 
 
 def free_port(host="127.0.0.1"):
