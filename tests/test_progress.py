@@ -19,7 +19,7 @@ import nbformat
 import pytest
 
 from conftest import REPO, free_port, run_course_command
-from workshop_lib import labs, notebook, progress
+from workshop_lib import labs, notebook, progress, survey
 from workshop_lib.labs import Verdict
 from workshop_lib.labs.__main__ import main as labs_main
 
@@ -162,19 +162,24 @@ def test_a_record_that_cannot_be_written_costs_the_cell_one_line(learner, monkey
 
 def test_the_survey_is_a_record_and_bad_ratings_are_refused(learner):
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        entry = progress.send_survey({"pace": 4, "material": 5},
+        entry = survey.send_survey({"pace": 4, "material": 5},
                                      {"best": "the hang demo", "worse": "  "})
     assert (entry["kind"], entry["key"], entry["ok"]) == ("survey", "survey", True)
+    ballot = entry["details"].pop("ballot")
     assert entry["details"] == {"ratings": {"pace": 4, "material": 5},
                                 "comments": {"best": "the hang demo"}}
+    # The same ballot every time (an anonymous survey counts the learner once), theirs only.
+    assert re.fullmatch(r"[0-9a-f]{32}", ballot) and survey.ballot() == ballot
+    assert (progress.record_path().with_name("ballot").stat().st_mode & 0o777) == 0o600
+    entry["details"]["ballot"] = ballot
     assert progress.records()[-1] == entry
     assert str(learner) in printed.getvalue()
     assert progress.summary(progress.records()) == {}  # not a verdict
     for bad in ({"pace": 6}, {"pace": "4"}, {"pace": True}):
         with pytest.raises(ValueError, match="whole number from 1 to 5"):
-            progress.send_survey(bad, {})
+            survey.send_survey(bad, {})
     with pytest.raises(ValueError, match="name it with letters, digits"):
-        progress.send_survey({"pace": 3}, {"what <b>?": "text"})
+        survey.send_survey({"pace": 3}, {"what <b>?": "text"})
     assert len(progress.records()) == 1
 
 
@@ -339,7 +344,7 @@ def test_nothing_is_sent_without_both_variables(service, monkeypatch):
 def test_the_survey_says_it_reached_the_class_server(service):
     service.start()
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        entry = progress.send_survey({"pace": 3}, {"best": "hangs"})
+        entry = survey.send_survey({"pace": 3}, {"best": "hangs"})
     assert "reached the class's progress service" in printed.getvalue()
     assert service.stored[entry["id"]]["details"]["ratings"] == {"pace": 3}
 

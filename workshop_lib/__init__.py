@@ -54,6 +54,7 @@ What the notebooks call
 - ``findings``       the closing summaries, computed from run records
 - ``labs``           the exercises and their checks (``python -m workshop_lib.labs check``)
 - ``progress``       the learner's verdicts, recorded where they work and sent to the class server
+- ``listeners``      who owns the socket on a port: a token goes to the class server's alone
 - ``survey``         the closing survey's questions, and where the answers go (notebook 08)
 - ``ddp_diff``       single-device -> DDP diffs named step by step (02's exercise; the twin scripts)
 - ``sgd_toy``        gradient descent on a problem small enough to see (notebook 01)

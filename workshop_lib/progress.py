@@ -16,16 +16,18 @@ The record file
 
     ``labs.check`` records each verdict; the assessment's result cell the learner's result
     (kind "assessment", key "ddp_refactor": ddp_checks.report, never while nbgrader
-    autogrades); ``send_survey`` the closing survey (kind "survey", key "survey", ok true,
-    details ``{"ratings": {name: 1..5}, "comments": {name: text}}``). Readers skip a line
-    that is not a whole JSON object: a write cut short loses that record only.
+    autogrades); ``survey.send_survey`` the closing survey (kind "survey", key "survey", ok
+    true, details ``{"ratings": {name: 1..5}, "comments": {name: text}, "ballot": hex}``).
+    Readers skip a line that is not a whole JSON object: a write cut short loses that record
+    only.
 
 The class server
     Where ``CLASS_PROGRESS_URL`` (the progress service's base URL, which the class server
     sets in every learner's environment) and ``JUPYTERHUB_API_TOKEN`` (the learner's own,
     which their kernels inherit) are both set, every new record is also sent: POST
     ``CLASS_PROGRESS_URL + "api/records"`` with ``Authorization: token
-    $JUPYTERHUB_API_TOKEN`` and the body ``{"records": [record, ...]}``; the service answers
+    $JUPYTERHUB_API_TOKEN`` (only to a listener of ``$CLASS_PROGRESS_OWNER``'s or root's
+    where that is set: ``listeners``) and the body ``{"records": [record, ...]}``; it answers
     200 ``{"stored": n}`` and keeps one copy of each id. The ids it acknowledged are
     appended to ``<record file>.acked`` (``progress.jsonl.acked``): every record not listed
     there is pending, and goes with the next report (``report_pending``, which every new
@@ -43,7 +45,6 @@ import json
 import math
 import numbers
 import os
-import re
 import threading
 import urllib.error
 import urllib.request
@@ -53,10 +54,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from workshop_lib import listeners
+
 PATH_ENV = "DDP_WORKSHOP_PROGRESS"
 DEFAULT_PATH = "~/.ddp-workshop/progress.jsonl"
 URL_ENV = "CLASS_PROGRESS_URL"
 TOKEN_ENV = "JUPYTERHUB_API_TOKEN"
+OWNER_ENV = "CLASS_PROGRESS_OWNER"  # the service's account, where the class server runs one
 KINDS = ("exercise", "assessment", "survey")
 TIMEOUT_S = 3.0  # per request to the service: a report gives up after this and retries later
 BATCH = 200  # records per request
@@ -83,7 +87,13 @@ def _now():
 
 
 def first_line(text, limit=REASON_CHARS):
-    return (str(text).strip().splitlines() or [""])[0][:limit]
+    """The first line of ``text``; past ``limit`` characters, cut at a word, with "…"."""
+    line = (str(text).strip().splitlines() or [""])[0]
+    if len(line) <= limit:
+        return line
+    head = line[:limit - 1]  # room for the "…"
+    cut = head.rsplit(" ", 1)[0] if " " in head else head
+    return cut.rstrip(" ,;:") + "…"
 
 
 def json_safe(value, depth=0):
@@ -120,7 +130,7 @@ def small_details(details):
     return safe
 
 
-def _append(path, lines):
+def append_lines(path, lines):
     """Append whole lines to ``path`` (made 0600, its new folder 0700), after a newline if
     the file ends in a line cut short: the new lines stay whole."""
     path = Path(path)
@@ -169,7 +179,7 @@ def record(kind, key, notebook, ok, reason, details=None):
              "time": _now(),
              "attempt": 1 + sum(earlier.get("key") == str(key) for earlier in records(path)),
              "details": small_details(details)}
-    _append(path, [json.dumps(entry)])
+    append_lines(path, [json.dumps(entry)])
     report_pending()
     return entry
 
@@ -231,39 +241,6 @@ def progress_line(notebook=None, exercises=None, path=None):
             + (f" ({'; '.join(parts)})" if parts else ""))
 
 
-def send_survey(ratings, comments, notebook=SURVEY_NOTEBOOK):
-    """Record the closing survey (``ratings``: ``{question: whole number 1..5}``,
-    ``comments``: ``{question: text}``, empty ones left out) and send it to the class
-    server, waiting for its answer at most TIMEOUT_S; print one line saying where it went.
-    Returns the record."""
-    if not isinstance(ratings, Mapping) or not isinstance(comments, Mapping):
-        raise ValueError("give the ratings and the comments as dicts: {question: answer}")
-    for name in [*ratings, *comments]:  # the class's board shows the names as they are
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,80}", str(name)):
-            raise ValueError(f"question {str(name)[:40]!r}: name it with letters, digits, "
-                             f"'_', '.' or '-' (at most 80)")
-    for name, rating in ratings.items():
-        if isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5:
-            raise ValueError(f"rating {name!r} is {rating!r}: give each rating as a whole "
-                             f"number from 1 to 5")
-    texts = {str(name): str(text).strip()[:TEXT_CHARS] for name, text in comments.items()
-             if str(text or "").strip()}
-    entry = record("survey", "survey", notebook, True,
-                   f"{len(ratings)} rating(s), {len(texts)} comment(s)",
-                   {"ratings": {str(name): rating for name, rating in ratings.items()},
-                    "comments": texts})
-    path = record_path()
-    if class_server() is None:
-        print(f"Thank you. Your answers are saved in {path}: your instructor collects them.")
-    elif wait_for_reports(TIMEOUT_S + 1) and entry["id"] in _acked(path):
-        print("Thank you. Your answers reached the class's progress service.")
-    else:
-        print(f"Thank you. Your answers are saved in {path}; the class server did not take "
-              f"them yet ({_last_error or 'no answer in time'}): they go with your next "
-              f"check, or run `python -m workshop_lib.labs progress --send`.")
-    return entry
-
-
 # -- reporting to the class server ----------------------------------------------------------
 
 def class_server():
@@ -290,6 +267,16 @@ def _acked(path):
         return set()
 
 
+def acknowledged(entry_id, path=None):
+    """Whether the class server acknowledged the record ``entry_id``."""
+    return entry_id in _acked(path or record_path())
+
+
+def last_error():
+    """Why the last report did not reach the class server (None: it did)."""
+    return _last_error
+
+
 def pending(path=None):
     """The records the class server has not acknowledged yet."""
     path = path or record_path()
@@ -306,6 +293,8 @@ class Sent:
 
 
 def _post(endpoint, token, batch):
+    if os.environ.get(OWNER_ENV):  # the token goes to the service's own listener only
+        listeners.check(endpoint, os.environ[OWNER_ENV])
     request = urllib.request.Request(
         endpoint, data=json.dumps({"records": batch}).encode(), method="POST",
         headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
@@ -345,7 +334,7 @@ def send_pending(path=None):
             except Exception as error:  # noqa: BLE001 - kept pending, sent with the next report
                 _last_error = _describe(error)
                 return Sent(sent, len(waiting) - sent, _last_error)
-            _append(acked_path(path), [entry["id"] for entry in batch])
+            append_lines(acked_path(path), [entry["id"] for entry in batch])
             sent += len(batch)
         _last_error = None
         return Sent(sent, 0)
