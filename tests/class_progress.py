@@ -100,8 +100,8 @@ print("RESULT " + json.dumps(said))
 """
 
 SURVEY_CELL = """
-from workshop_lib import progress
-progress.send_survey(RATINGS, COMMENTS)
+from workshop_lib import survey
+survey.send_survey(RATINGS, COMMENTS)
 """
 
 DOWN_CELL = """

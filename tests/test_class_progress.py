@@ -3,18 +3,27 @@ kept once each and one learner's never another's, bad records refused in one lin
 board's grid, stuck rule, common reasons and survey, and its CSV files. The service itself,
 with the hub, the learners' kernels and the instructor's browser: tests/test_classroom.py
 (tests/class_progress.py)."""
+import asyncio
 import csv
 import datetime
 import io
+import os
+import pwd
+import socket
+import subprocess
 import sys
+import threading
+import time
+import urllib.request
 import uuid
 
 import pytest
+from tornado import httpserver, web
 
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "deploy" / "classroom"))
-from progress import board, store  # noqa: E402 - the kit's folder is not a package
+from progress import board, guard, store  # noqa: E402 - the kit's folder is not a package
 
 T0 = datetime.datetime(2026, 12, 2, 9, 0, tzinfo=datetime.UTC)
 
@@ -103,8 +112,9 @@ def test_a_learner_cannot_fill_the_disk(kept, monkeypatch):
 
 
 def the_board(kept, now_minute=30, **options):
-    return board.build(kept.rows(), learners=["learner01", "learner02", "learner03"],
-                       now=T0 + datetime.timedelta(minutes=now_minute), **options)
+    return board.build(kept.summary(), learners=["learner01", "learner02", "learner03"],
+                       now=T0 + datetime.timedelta(minutes=now_minute),
+                       ballots=kept.ballots() if kept.anonymous else None, **options)
 
 
 def test_each_cell_is_the_latest_verdict_and_its_count(kept):
@@ -169,20 +179,72 @@ def test_the_survey_counts_each_learners_latest_answers(kept):
     assert "survey" not in [e["key"] for e in the_board(kept)["exercises"]]
 
 
-def test_an_anonymous_survey_never_says_who_answered_what(kept):
-    kept.add("learner02", [survey({"pace": 5}, {"liked": "zebra"})])
-    kept.add("learner01", [survey({"pace": 1}, {"liked": "aardvark"})])
-    shown = the_board(kept, anonymous=True)
-    assert shown["survey"]["comments"] == {"liked": ["aardvark", "zebra"]}
-    assert shown["survey"]["learners"] == []
+def ballot_survey(ratings, comments=None, ballot=None):
+    answers = survey(ratings, comments)
+    answers["details"]["ballot"] = ballot or uuid.uuid4().hex
+    return answers
+
+
+@pytest.fixture
+def ballot_box(tmp_path):
+    found = store.Store(tmp_path / "anonymous.sqlite", anonymous=True)
+    yield found
+    found.close()
+
+
+def test_an_anonymous_survey_never_says_who_answered_what(ballot_box):
+    ballot_box.add("learner02", [ballot_survey({"pace": 5}, {"liked": "zebra"})])
+    ballot_box.add("learner01", [ballot_survey({"pace": 1}, {"liked": "aardvark"})])
+    shown = the_board(ballot_box, anonymous=True)["survey"]
+    assert shown["answered"] == 2 and shown["withheld"] and shown["ratings"] == {}
+    ballot_box.add("learner03", [ballot_survey({"pace": 3}, {"liked": "yak"})])
+    shown = the_board(ballot_box, anonymous=True)
+    assert shown["survey"]["comments"] == {"liked": ["aardvark", "yak", "zebra"]}
+    assert shown["survey"]["learners"] == [] and not shown["survey"]["withheld"]
     assert "learner0" not in str(shown["survey"])
-    text = board.survey_csv(kept.rows(), anonymous=True)
+    text = board.survey_csv(ballot_box.rows(), True, ballot_box.ballots())
     assert "learner0" not in text
     assert list(csv.reader(io.StringIO(text))) == [["pace", "liked"], ["1", "aardvark"],
-                                                   ["5", "zebra"]]
-    named = list(csv.DictReader(io.StringIO(board.survey_csv(kept.rows(), anonymous=False))))
-    assert {row["learner"]: row["pace"] for row in named} == {"learner01": "1",
-                                                               "learner02": "5"}
+                                                   ["3", "yak"], ["5", "zebra"]]
+
+
+def linked(path):
+    """Every row of every table of the database at ``path`` that holds both a learner's
+    name and a survey's answer, as one who reads the file (the grader account) sees it."""
+    import sqlite3
+
+    db = sqlite3.connect(str(path))
+    try:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master "
+                                                  "WHERE type = 'table'")]
+        rows = [" ".join(map(str, row)) for table in tables
+                for row in db.execute(f"SELECT * FROM {table}")]
+    finally:
+        db.close()
+    return [row for row in rows if "learner0" in row and "answer-" in row]
+
+
+def test_nobody_who_reads_the_database_links_an_anonymous_answer_to_a_learner(
+        ballot_box, kept, tmp_path):
+    """The ballots name nobody and the voters list says no answer; each learner counts
+    once: new answers with their ballot replace theirs, another ballot of theirs is refused,
+    and nobody replaces a ballot without its secret. The same answers in a named survey
+    are linked in the file (the test sees a link where there is one)."""
+    mine = uuid.uuid4().hex
+    for learner, ballot in (("learner01", mine), ("learner02", None)):
+        assert ballot_box.add(learner, [ballot_survey({"pace": 2}, {"liked": "answer-hangs"},
+                                                      ballot)]) == (1, [])
+    assert ballot_box.add("learner01", [ballot_survey({"pace": 4}, {"liked": "answer-again"},
+                                                      mine)]) == (1, [])
+    stored, refused = ballot_box.add("learner01", [ballot_survey({"pace": 1})])
+    assert stored == 0 and "answered the survey already" in refused[0]["reason"]
+    stored, refused = ballot_box.add("learner03", [ballot_survey({"pace": 1}, {}, mine)])
+    assert stored == 0 and "another learner's" in refused[0]["reason"]
+    assert sorted(b["ratings"]["pace"] for b in ballot_box.ballots()) == [2, 4]
+    assert [row["kind"] for row in ballot_box.rows()] == []
+    assert linked(tmp_path / "anonymous.sqlite") == []
+    kept.add("learner01", [survey({"pace": 2}, {"liked": "answer-hangs"})])
+    assert linked(tmp_path / "progress.sqlite")
 
 
 def test_board_csv_has_a_line_per_learner_and_exercise(kept):
@@ -211,3 +273,115 @@ def test_the_records_workshop_lib_writes_are_all_taken(kept, tmp_path, monkeypat
     written = progress.records()
     assert kept.add("learner01", written) == (3, [])
     assert kept.add("learner01", progress.pending()) == (0, [])
+
+
+CATALOGUE = [{"key": "welcome", "notebook": "00_welcome", "kind": "exercise"},
+             {"key": "sgd", "notebook": "01_sgd_and_batch_size", "kind": "exercise"},
+             {"key": "sampler", "notebook": "02_from_one_gpu_to_many", "kind": "exercise"},
+             {"key": "ddp_refactor", "notebook": "ddp_refactor", "kind": "assessment"}]
+
+
+def test_the_board_has_every_exercise_of_the_day_in_its_order(kept):
+    """The catalogue's columns come first, in the day's order, reported or not; an exercise
+    outside it follows; each learner's minutes since their latest check."""
+    kept.add("learner02", [record(key="sampler", minute=5), record(key="extra", minute=2,
+                                                                   notebook="09_more")])
+    kept.add("learner01", [record(key="sgd", notebook="01_sgd_and_batch_size", minute=20)])
+    shown = the_board(kept, catalogue=CATALOGUE)
+    assert [e["key"] for e in shown["exercises"]] == ["welcome", "sgd", "sampler",
+                                                      "ddp_refactor", "extra"]
+    assert shown["exercises"][3]["kind"] == "assessment"
+    assert shown["since_last_check"] == {"learner01": 10, "learner02": 25}
+
+
+def test_a_long_reason_is_cut_at_a_word_on_both_sides(kept):
+    from workshop_lib import progress
+
+    reason = "the sampler gives rank 1 " + "the same indices as rank 0 " * 12
+    learner_side = progress.first_line(reason)
+    assert len(learner_side) <= progress.REASON_CHARS and learner_side.endswith("…")
+    assert reason[len(learner_side) - 1] == " "  # the last word whole
+    kept.add("learner01", [record(reason=reason)])
+    stored = kept.rows()[0]["reason"]
+    assert len(stored) <= store.REASON_CHARS and stored.endswith("…")
+    assert stored[:-1] == reason[:len(stored) - 1] and reason[len(stored) - 1] == " "
+    assert progress.first_line("x" * 300, 10) == "x" * 9 + "…"
+
+
+# Run as another account: open 100 connections to the service and send nothing (a
+# slow-loris); how many the server closed at once, and after its idle timeout.
+FLOOD = """
+import socket, sys, time
+connections = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(100)]
+print("OPEN", flush=True)
+sys.stdin.readline()
+
+def closed(connection):
+    connection.settimeout(0.05)
+    try:
+        return connection.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+at_once = sum(map(closed, connections))
+time.sleep(2.5)
+print(at_once, sum(map(closed, connections)), flush=True)
+"""
+
+
+def test_one_account_cannot_stall_the_service_with_idle_connections():
+    """The service's guard: past PER_ACCOUNT open connections from one account the next is
+    closed at once, idle ones after the idle timeout; root's (the hub's proxy's) request is
+    served meanwhile. Without the guard (a plain HTTPServer) all 100 stay open."""
+    class Hello(web.RequestHandler):
+        def get(self):
+            self.write("served")
+
+    def start(make_server):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(256)
+        listener.setblocking(False)
+        ready = threading.Event()
+
+        async def main():
+            make_server(web.Application([(r"/", Hello)])).add_sockets([listener])
+            ready.set()
+            await asyncio.Event().wait()
+
+        threading.Thread(target=asyncio.run, args=(main(),), daemon=True).start()
+        ready.wait(10)
+        return listener.getsockname()[1]
+
+    def flood(port):
+        preexec = None
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            preexec = lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid))  # noqa: E731
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        process = subprocess.Popen([python, "-S", "-c", FLOOD, str(port)], text=True,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   preexec_fn=preexec, cwd="/")
+        assert process.stdout.readline().strip() == "OPEN"
+        time.sleep(0.5)
+        served = None
+        if os.geteuid() == 0:  # another account than the flood's: still served
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+                served = answer.read().decode()
+        process.stdin.write("\n")
+        process.stdin.flush()
+        at_once, later = map(int, process.stdout.readline().split())
+        process.wait(10)
+        return at_once, later, served
+
+    guarded = start(lambda app: guard.GuardedServer(app, per_account=5,
+                                                    idle_connection_timeout=1))
+    at_once, later, served = flood(guarded)
+    # At most 5 open for the account, and 5 more whose owner the tables had not shown yet.
+    assert at_once >= 90 and later == 100, (at_once, later)
+    assert served in (None, "served")
+    assert served == "served" or os.geteuid() != 0
+    plain = start(lambda app: httpserver.HTTPServer(app))
+    assert flood(plain)[:2] == (0, 0)  # the test sees a stall where there is one

@@ -46,15 +46,18 @@ The accounts it creates have a unique prefix and are removed at the end, with th
 import argparse
 import asyncio
 import csv
+import errno
 import importlib.util
 import json
 import os
 import pwd
+import random
 import re
 import secrets
 import shlex
 import shutil
 import signal
+import socket
 import ssl
 import stat
 import subprocess
@@ -100,8 +103,13 @@ HUB_START_S = 180
 SERVER_START_S = 180
 AUTOGRADE_S = 600
 # The limits the test's class runs under: low, so that going past them is quick here.
-LIMITS = {"--memory-limit": "2G", "--nproc-limit": "150", "--file-size-limit": "64M"}
+LIMITS = {"--memory-limit": "2G", "--nproc-limit": "150", "--file-size-limit": "64M",
+          "--learner-memory": "3G", "--learner-cpus": "1"}
+# Two (pretend) GPUs shared out under the local spawner: learner k gets GPU k mod 2, and a
+# devices group closes the other to them (character devices 195:N stand in for them).
+GPU_ARGS = ["--gpus-per-learner", "1", "--gpu-ids", "0,1"]
 PLANTED = "classroom-planted"  # the labextension a learner writes into their home
+LEFT_MARK = 7771  # `sleep 7771`: a learner's process left behind (each day's own mark)
 
 
 def missing():
@@ -287,12 +295,13 @@ def classroom(request):
     state.chmod(0o755)
     timings = {}
     try:
+        internal = free_root_ports(4)
         init_args = ["--grader", accounts.grader, "--instructors", accounts.instructor,
-                     "--port", str(free_port()), "--hub-port", str(free_port()),
-                     "--proxy-api-port", str(free_port()),
-                     "--formgrader-port", str(free_port()),
-                     "--progress-port", str(free_port()), "--self-signed", "127.0.0.1",
-                     *[part for pair in LIMITS.items() for part in pair]]
+                     "--port", str(free_port()), "--hub-port", str(internal[0]),
+                     "--proxy-api-port", str(internal[1]),
+                     "--formgrader-port", str(internal[2]),
+                     "--progress-port", str(internal[3]), "--self-signed", "127.0.0.1",
+                     *[part for pair in LIMITS.items() for part in pair], *GPU_ARGS]
         env, init, add_accounts, serve = make_classroom(state, accounts, init_args)
         start = time.monotonic()
         run_step(env)
@@ -309,6 +318,23 @@ def classroom(request):
         left = [name for name in (accounts.grader, *accounts.learners) if kit.user_exists(name)]
         assert not left, f"accounts left behind: {left}"
         shutil.rmtree(state, ignore_errors=True)
+
+
+def free_root_ports(count):
+    """``count`` ports below 1024 that nothing holds now: the class's addresses on the
+    loopback interface, which only root can bind (not the kit's defaults, which a class on
+    this machine may hold)."""
+    found = []
+    for port in random.sample(range(600, 1000), 400):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    pytest.fail("no free port below 1024 on 127.0.0.1")
 
 
 def passwords(state):
@@ -621,6 +647,182 @@ def limit_attacks(hub, learner, token):
     }
 
 
+# Run as a learner: bind a port of the loopback interface, as a process left waiting for a
+# service's port while the hub restarts would.
+BIND = """
+import socket, sys
+probe = socket.socket()
+probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    probe.bind(("127.0.0.1", int(sys.argv[1])))
+    print("BOUND", probe.getsockname()[1])
+except OSError as error:
+    print("REFUSED", error.errno)
+"""
+
+
+def address_attacks(state, learner, settings):
+    """A learner's process tries to take each address that tokens and passwords are sent
+    to (the hub's API, the proxy's, the formgrader's, the progress service's): the kernel
+    refuses it (EACCES, 13), whether the service holds the port at that moment or not. The
+    same code on a port any account may bind succeeds (the test sees an attack work)."""
+    python = state / "env" / "bin" / "python"
+
+    def bind(port):
+        return learner_shell(state, learner, f"{python} -c {shlex.quote(BIND)} {port}").stdout
+
+    assert bind(0).startswith("BOUND"), "a learner binds a port of their own"
+    return {f"take the {name.replace('_', ' ')}'s address for a restart (port "
+            f"{settings[name]})": bind(settings[name]).strip() == "REFUSED 13"
+            for name in ("hub_port", "proxy_api_port", "formgrader_port", "progress_port")}
+
+
+# In a learner's kernel: a listener of the learner's own where the progress service's
+# address should be (a squatter's), and a verdict to report; whether the token reached it.
+# With OWN_NAME_AS_OWNER the kernel is told the learner owns the service: the planted
+# weakness, under which the token must arrive (the test sees the attack work).
+SQUAT_CELL = """
+import json, os, pwd, socket, tempfile, threading
+from workshop_lib import progress
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+listener.settimeout(8)
+heard = []
+def accept():
+    try:
+        connection, _ = listener.accept()
+        heard.append(connection.recv(65536).decode(errors="replace"))
+        connection.close()
+    except OSError:
+        pass
+saved = {name: os.environ.get(name) for name in (progress.URL_ENV, progress.OWNER_ENV,
+                                                 progress.PATH_ENV)}
+os.environ[progress.URL_ENV] = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+os.environ[progress.PATH_ENV] = tempfile.mkdtemp() + "/progress.jsonl"
+if OWN_NAME_AS_OWNER:
+    os.environ[progress.OWNER_ENV] = pwd.getpwuid(os.getuid()).pw_name
+thread = threading.Thread(target=accept)
+thread.start()
+progress.record("exercise", "sampler", "02_from_one_gpu_to_many", True, "squatted")
+progress.wait_for_reports(10)
+sent = progress.send_pending()
+thread.join()
+for name, value in saved.items():
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+token = os.environ["JUPYTERHUB_API_TOKEN"]
+print("RESULT " + json.dumps({"error": sent.error, "heard": any(token in h for h in heard)}))
+"""
+
+
+def squatter_attack(hub, learner, token):
+    """The token a learner's kernel sends with its verdicts goes to no listener but the
+    service's account's (or root's): one of the learner's own on the service's address
+    hears nothing, and the verdict stays pending with the reason."""
+    kernel_id = start_kernel(hub, learner, token)
+    try:
+        squatted = class_progress.result(run_cell(hub, learner, token, kernel_id,
+                                                  "OWN_NAME_AS_OWNER = False\n" + SQUAT_CELL))
+        planted = class_progress.result(run_cell(hub, learner, token, kernel_id,
+                                                 "OWN_NAME_AS_OWNER = True\n" + SQUAT_CELL))
+    finally:
+        hub.ok("DELETE", f"/user/{learner}/api/kernels/{kernel_id}", token)
+    assert planted["heard"], f"the planted weakness did not show: {planted}"
+    return {"receive a kernel's token on a listener of one's own at the service's address":
+            not squatted["heard"] and "token was not sent" in (squatted["error"] or "")}
+
+
+def leave_a_process(state, learner, mark):
+    """A learner's process that would outlive their server (a squatter waiting for a
+    port); its pid."""
+    subprocess.Popen(["sudo", "-u", learner, "--", "sleep", str(mark)], cwd="/",
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(2)
+    return [p.pid for p in psutil.process_iter(["username", "cmdline"])
+            if p.info["username"] == learner and p.info["cmdline"] == ["sleep", str(mark)]]
+
+
+# In a learner's kernel: two children that each fill MB of memory, in the learner's share
+# with their kernel and server; how many the kernel's OOM killer ended.
+MEMORY_HOG_CELL = """
+import os, signal, time
+children = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        block = bytes([1]) * (MB * 2**20)  # every page written
+        signal.pause()
+        os._exit(0)
+    children.append(pid)
+time.sleep(6)
+killed = 0
+for pid in children:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        killed += 1
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+print("KILLED", killed)
+"""
+
+
+# In a learner's kernel: open each stand-in GPU device; the error numbers.
+OPEN_DEVICES_CELL = """
+import json, os
+found = {{}}
+for gpu in ("0", "1"):
+    try:
+        os.close(os.open("{folder}/nvidia" + gpu, os.O_RDONLY))
+        found[gpu] = 0
+    except OSError as error:
+        found[gpu] = error.errno
+print(json.dumps(found))
+"""
+
+
+def cgroup_attacks(hub, learner, token):
+    """The learner's share, whatever the number of processes: two children of 1.5 GB each
+    pass the per-process limit (2G) but not the learner's 3G, and one is ended; two of 200
+    MB live (the test sees the attack work where it fits). The learner's server runs under a
+    CPU quota of one CPU. The GPU that is not theirs (a device 195:N) cannot be opened; their
+    own can (no driver here: ENXIO, past the group)."""
+    devices = Path(tempfile.mkdtemp(prefix="gpus-", dir="/tmp"))
+    devices.chmod(0o755)
+    for gpu in ("0", "1"):
+        subprocess.run(["mknod", "-m", "666", str(devices / f"nvidia{gpu}"), "c", "195", gpu],
+                       check=True)
+    kernel_id = start_kernel(hub, learner, token)
+    try:
+        hogs = run_cell(hub, learner, token, kernel_id, "MB = 1500\n" + MEMORY_HOG_CELL)
+        fits = run_cell(hub, learner, token, kernel_id, "MB = 200\n" + MEMORY_HOG_CELL)
+        # In the learner's kernel, so in their groups (a shell from sudo is not).
+        opened = json.loads(run_cell(hub, learner, token, kernel_id, OPEN_DEVICES_CELL.format(
+            folder=devices)).strip().splitlines()[-1])
+    finally:
+        hub.ok("DELETE", f"/user/{learner}/api/kernels/{kernel_id}", token)
+        shutil.rmtree(devices)
+    assert "KILLED 0" in fits, fits
+    (server,) = [p for p in psutil.process_iter(["username", "cmdline"])
+                 if p.info["username"] == learner
+                 and "jupyterhub-learner" in " ".join(p.info["cmdline"] or [])]
+    groups = dict(line.split(":", 2)[1:] for line in Path(f"/proc/{server.pid}/cgroup")
+                  .read_text().splitlines())
+    cpu = next(path for names, path in groups.items() if "cpu" in names.split(","))
+    quota = Path(f"/sys/fs/cgroup/cpu{cpu}/cpu.cfs_quota_us").read_text().strip()
+    mine = server.environ()["CUDA_VISIBLE_DEVICES"]
+    other = "1" if mine == "0" else "0"
+    assert opened[mine] == errno.ENXIO, opened  # through the group, to a missing driver
+    return {"use more memory than the learner's share across processes": "KILLED 1" in hogs,
+            "use more than the learner's CPUs": quota == "100000",
+            f"open a GPU that is not the learner's (theirs: {mine})":
+                opened[other] == errno.EPERM}
+
+
 def fork_bomb_cell():
     """Fork until the system says no, then end every child: what it printed says which."""
     return "\n".join([
@@ -751,6 +953,11 @@ def class_day(classroom, tmp_path_factory):
                                             accounts.instructor, instructor,
                                             secret["instructor_password"], folder))
         attacks.update(limit_attacks(hub, learners[2], tokens[learners[2]]))
+        attacks.update(cgroup_attacks(hub, learners[2], tokens[learners[2]]))
+        attacks.update(address_attacks(state, learners[1], hub.settings))
+        attacks.update(squatter_attack(hub, learners[0], tokens[learners[0]]))
+        day["left process"] = leave_a_process(state, learners[2], LEFT_MARK)
+        assert day["left process"], "the learner's process did not start"
         start = time.monotonic()
         day["stack dump"] = run_cell(hub, learners[1], tokens[learners[1]],
                                      start_kernel(hub, learners[1], tokens[learners[1]]),
@@ -790,12 +997,18 @@ def class_day(classroom, tmp_path_factory):
         day["idle culler"] = [process.info for process in psutil.process_iter(
             ["pid", "ppid", "username", "cmdline"]) if "jupyterhub_idle_culler" in
             " ".join(process.info["cmdline"] or [])]
-        day["hub pid"] = hub.process.pid
+        # `serve` runs JupyterHub as its child (and ends the accounts' processes after it).
+        day["hub pid"] = next(child.pid for child in psutil.Process(hub.process.pid).children()
+                              if "jupyterhub" in " ".join(child.cmdline()))
     finally:
         start = time.monotonic()
         hub.stop()
         day["timings"]["hub stop"] = time.monotonic() - start
         day["hub log"] = hub.log()
+        if "left process" in day:
+            attacks["leave a process running after the hub stops"] = not [
+                pid for pid in day["left process"] if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         print("\nclass day timings (s): "
               + ", ".join(f"{k} {v:.0f}" for k, v in day["timings"].items()))
         print(f"hub log (end):\n{hub.log()[-3000:]}")
@@ -1150,9 +1363,14 @@ def slurm_day(classroom, class_day):
                 "--exechost", "127.0.0.1", "--start-timeout", "300",
                 "--cpus-per-gpu", "2", "--mem-per-gpu", "1G",
                 "--runtime", "0:30:00")  # the test cluster's partition allows 60 min
+            # A learner's process left running while the hub is down, as one waiting for a
+            # port would be: `serve` ends it before it starts the hub.
+            left = leave_a_process(state, third, LEFT_MARK + 1)
+            assert left, "the learner's process did not start"
             start = time.monotonic()
             hub = Hub(state, classroom["serve"], folder / "hub.log")
             day["timings"]["hub start"] = time.monotonic() - start
+            day["left before the hub started"] = [pid for pid in left if psutil.pid_exists(pid)]
             try:
                 secret = passwords(state)
                 tokens = {user: hub.token(user, secret[user]) for user in accounts.learners}
@@ -1186,6 +1404,7 @@ def slurm_day(classroom, class_day):
                 start = time.monotonic()
                 hub.stop()
                 day["timings"]["hub stop"] = time.monotonic() - start
+                day["hub log"] = hub.log()
                 print("\nSLURM class timings (s): "
                       + ", ".join(f"{k} {v:.0f}" for k, v in day["timings"].items()))
                 print(f"hub log (end):\n{hub.log()[-3000:]}")
@@ -1203,6 +1422,16 @@ def test_slurm_learners_servers_are_their_jobs_with_their_own_gpu(slurm_day, cla
     assert {devices[first], devices[second]} == {"0", "1"}, devices
     # The one-machine cluster's servers listen on the loopback interface only.
     assert slurm_day["listening"] == {first: {"127.0.0.1"}, second: {"127.0.0.1"}}
+
+
+@pytest.mark.slow
+def test_serve_ends_the_learners_processes_before_the_hub_starts(slurm_day, classroom):
+    """The README's restart step: a process a learner left waiting for a service's port is
+    gone before the hub binds anything, and `serve` says what it ended."""
+    assert slurm_day["left before the hub started"] == []
+    third = classroom["accounts"].learners[2]
+    assert re.search(rf"before the hub starts: ended \d+ processes of .*{third}",
+                     slurm_day["hub log"]), slurm_day["hub log"][:2000]
 
 
 @pytest.mark.slow
@@ -1297,9 +1526,17 @@ def class_of_30(classroom, class_day):
                     hub, user, tokens[user], kernels[user], code, timeout))
             result["timings"]["30 reports on the board"] = \
                 result["reports"]["all on the board after"]
+            # Three learners answer the (now anonymous) survey from their kernels.
+            for user in names[-ANONYMOUS_ANSWERS:]:
+                result.setdefault("anonymous answers", {})[user] = run_cell(
+                    hub, user, tokens[user], kernels[user],
+                    "from workshop_lib import survey\n"
+                    f"survey.send_survey({{'overall': 4}}, {{'change': '{ANONYMOUS_MARK}'}})",
+                    60)
             result["anonymous survey"] = {
                 "board": class_progress.board(hub, board_token)["survey"],
-                "csv": hub.request("GET", class_progress.BOARD + "survey.csv", board_token)[1]}
+                "csv": hub.request("GET", class_progress.BOARD + "survey.csv", board_token)[1],
+                "database": database_rows(state / "progress" / "progress.sqlite")}
 
             # Each learner fetches (the class day's three have it already), writes their
             # work and submits, all at once; the instructor collects.
@@ -1434,17 +1671,49 @@ def test_30_learners_reporting_at_once_are_all_on_the_board(class_of_30):
           f"{reports['slowest report']:.2f} s)")
 
 
+ANONYMOUS_ANSWERS = 3
+ANONYMOUS_MARK = "anonymous-answer-7a31"
+
+
+def database_rows(path):
+    """Every row of every table of the progress service's database, as text: what the
+    grader account (an instructor's kernel on the formgrader) reads there."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master "
+                                                  "WHERE type = 'table'")]
+        return [" ".join(map(str, row)) for table in tables
+                for row in db.execute(f"SELECT * FROM {table}")]
+    finally:
+        db.close()
+
+
 @pytest.mark.slow
-def test_an_anonymous_survey_names_nobody_on_the_board_or_in_its_csv(class_of_30, classroom):
-    """`init --anonymous-survey` (the class of 30's): the class day's two answers are still
-    counted, and nothing says whose they were."""
-    survey = class_of_30["anonymous survey"]
-    assert survey["board"]["anonymous"] and survey["board"]["answered"] == 2
-    assert survey["board"]["learners"] == []
+def test_an_anonymous_survey_names_nobody_on_the_board_its_csv_or_its_database(
+        class_of_30, classroom):
+    """`init --anonymous-survey` (the class of 30's): three learners answer; the board and
+    survey.csv count three answers and name nobody, and no row of the service's database
+    holds a learner's name beside their answer. The class day's named answers are found
+    linked there (the test sees a link where there is one)."""
+    survey, names = class_of_30["anonymous survey"], class_of_30["names"]
+    for user, said in class_of_30["anonymous answers"].items():
+        assert "reached the class's progress service" in said, (user, said)
+    board = survey["board"]
+    assert board["anonymous"] and board["answered"] == ANONYMOUS_ANSWERS, board
+    assert board["learners"] == [] and board["comments"]["change"] == [ANONYMOUS_MARK] * 3
     header = survey["csv"].splitlines()[0].split(",")
     assert "learner" not in header and "overall" in header, header
-    for name in classroom["accounts"].learners:
-        assert name not in json.dumps(survey["board"]) and name not in survey["csv"]
+    for name in names:
+        assert name not in json.dumps(board) and name not in survey["csv"]
+    rows = survey["database"]
+    assert [row for row in rows if ANONYMOUS_MARK in row and
+            any(name in row for name in names)] == []
+    assert len([row for row in rows if ANONYMOUS_MARK in row]) == ANONYMOUS_ANSWERS
+    named = class_progress.SURVEYS[0][1]["most_useful"]
+    first = classroom["accounts"].learners[0]
+    assert [row for row in rows if named in row and first in row], "the planted link"
 
 
 # The kit's parts that start nothing: fast.

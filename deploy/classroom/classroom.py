@@ -61,6 +61,23 @@ for dist in importlib.metadata.distributions():
     if needs and not SpecifierSet(needs).contains(version, prereleases=True):
         print(dist.metadata["Name"])
 """
+# Run by the class environment's Python: the exercises and the assessment in the day's
+# order (workshop_lib.day: the day's sessions, then the second day's), grouped by notebook.
+CATALOGUE = """
+import json
+from pathlib import Path
+from workshop_lib import day, labs
+sessions = sorted(day.SESSIONS, key=lambda session: session.minutes is None)
+exercises, found = labs.catalogue(), []
+for stem in [Path(session.notebook).stem for session in sessions]:
+    found += [{"key": key, "notebook": stem, "kind": "exercise"}
+              for key, notebook in exercises.items() if notebook == stem]
+    if stem == "ASSIGNMENT":
+        found.append({"key": stem, "notebook": stem, "kind": "assessment"})
+found += [{"key": key, "notebook": notebook, "kind": "exercise"}
+          for key, notebook in exercises.items() if key not in {f["key"] for f in found}]
+print(json.dumps(found))
+""".replace("ASSIGNMENT", ASSIGNMENT_DIR)
 PASSWORD_LENGTH = {"class_password": 12, "instructor_password": 20}
 # Learners' passwords are read off a printed card: no characters that look alike.
 CARD_ALPHABET = "abcdefghjkmnpqrstuvwxyzACDEFGHJKLMNPQRTUVWXY34679"
@@ -71,6 +88,10 @@ LEARNER_PASSWORD_LENGTH = 12
 EXCHANGE_MODES = {"": 0o755, "outbound": 0o755, "inbound": 0o2733, "feedback": 0o711}
 SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# The addresses on the loopback interface that the class's tokens and passwords go to:
+# ports only root can bind (serve checks; README.md, "What is protected").
+INTERNAL_PORTS = {"hub_port": 881, "proxy_api_port": 882, "formgrader_port": 883,
+                  "progress_port": 884}
 
 
 class KitError(Exception):
@@ -322,6 +343,8 @@ def install_config(state, settings):
     (config / "class.json").write_text(json.dumps(
         {"course_id": settings["course_id"], "exchange": str(state / "exchange"),
          "course_folder": settings["course_folder"]}, indent=1) + "\n")
+    # The board's columns: every exercise of the day, as the class's notebooks order them.
+    (config / "progress" / "exercises.json").write_text(run(env_python(state), "-c", CATALOGUE))
     run("chmod", "-R", "a+rX,go-w", config)
 
 
@@ -492,7 +515,8 @@ def command_init(args):
         "shared_class_password": args.shared_class_password,
         "ssl_cert": ssl_cert, "ssl_key": ssl_key,
         "limits": {"data_bytes": parse_size(args.memory_limit), "nproc": args.nproc_limit,
-                   "fsize_bytes": parse_size(args.file_size_limit)},
+                   "fsize_bytes": parse_size(args.file_size_limit),
+                   "memory_bytes": parse_size(args.learner_memory), "cpus": args.learner_cpus},
         "gpus_per_learner": args.gpus_per_learner, "gpu_ids": gpu_ids,
         "slurm": {"gpus_per_learner": args.gpus_per_learner, "partition": args.partition,
                   "slurm_conf": args.slurm_conf, "exechost": args.exechost,
@@ -500,6 +524,8 @@ def command_init(args):
                   "cpus_per_gpu": args.cpus_per_gpu, "mem_per_gpu": args.mem_per_gpu,
                   "cpus": args.cpus_per_seat, "mem": args.mem_per_seat},
     }
+    check_internal_ports(settings)
+    say_unenforced(settings)
     settings_path(state).write_text(json.dumps(settings, indent=1) + "\n")
     settings_path(state).chmod(0o644)
     write_secrets(state, {"class_password": os.environ.get("CLASS_PASSWORD"),
@@ -541,7 +567,8 @@ def command_accounts(args):
         sheet = write_handout(state, settings)
         print(f"{len(names)} learner accounts: {names[0]} .. {names[-1]} (homes in "
               f"{state / 'homes'}; {len(made)} new passwords, the hand-out sheet {sheet}, "
-              f"readable by root only); restart the hub to let new ones in")
+              f"readable by root only); restart the hub to let new ones in (`serve` ends "
+              f"the class accounts' processes before it starts the hub)")
     else:
         removed = remove_accounts(state, keep={settings["grader"]})
         (state / "learners.txt").unlink(missing_ok=True)
@@ -623,6 +650,15 @@ def command_down(args):
     state = args.state
     removed = remove_accounts(state)
     print(f"removed {len(removed)} accounts ({', '.join(removed) or 'none'})")
+    if settings_path(state).exists():
+        sys.path.insert(0, str(KIT))
+        try:
+            from limits import remove_groups
+        finally:
+            sys.path.pop(0)
+        left = remove_groups(load_settings(state).get("limits", {}))
+        if left:
+            print(f"control groups still in use, not removed: {', '.join(left)}")
     if args.purge:
         shutil.rmtree(state)
         print(f"removed {state}")
@@ -630,11 +666,89 @@ def command_down(args):
 
 # -------------------------------------------------------------------------------- serve
 
+def check_internal_ports(settings):
+    """The hub's API, the proxy's API, the formgrader and the progress service listen on
+    the loopback interface, where every account can connect, and so bind: a learner's
+    process holding one of those ports while the hub restarts would receive the tokens and
+    passwords sent there. Below the host's first unprivileged port only root binds
+    (listen.py binds the services' for them)."""
+    sys.path.insert(0, str(KIT))
+    try:
+        from listen import unprivileged_start
+    finally:
+        sys.path.pop(0)
+    first = unprivileged_start()
+    for name in INTERNAL_PORTS:
+        if settings[name] >= first:
+            flag = "--" + name.replace("_", "-")
+            raise KitError(f"{flag} {settings[name]}: any account on this host can bind ports "
+                           f"from {first} and take it while the hub restarts; give one below "
+                           f"{first} (the defaults are {INTERNAL_PORTS[name]})")
+
+
+def process_uids(pid_folder):
+    """The real, effective, saved and file-system uids of a process (its /proc folder's
+    owner is not enough: a process that makes itself non-dumpable shows root's)."""
+    fields = dict(line.split(":", 1) for line in (pid_folder / "status").read_text()
+                  .splitlines() if ":" in line)
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return set()  # ended already, waiting for its parent to read its status
+    return {int(uid) for uid in fields.get("Uid", "").split()}
+
+
+def end_processes_of_accounts(state):
+    """End every process of the class's accounts (learners and grader) on this machine: none
+    may hold an address of the hub's while it starts, nor outlive it. ``(account, count)``
+    for each account that had any."""
+    uids = {pwd.getpwnam(name).pw_uid: name for name in recorded_accounts(state)
+            if user_exists(name)}
+    counts, ended = {}, True
+    for _ in range(50):  # again while any were found: one may have forked meanwhile
+        if not ended:
+            break
+        ended = False
+        for folder in Path("/proc").iterdir():
+            try:
+                owners = process_uids(folder) & set(uids) if folder.name.isdigit() else set()
+                if owners:
+                    os.kill(int(folder.name), signal.SIGKILL)
+                    name = uids[owners.pop()]
+                    counts[name], ended = counts.get(name, 0) + 1, True
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return sorted(counts.items())
+
+
+def say_unenforced(settings):
+    """One line for each learners' limit this host cannot enforce (limits.py)."""
+    sys.path.insert(0, str(KIT))
+    try:
+        from limits import Cgroups
+    finally:
+        sys.path.pop(0)
+    if settings["spawner"] == "slurm":
+        lines = ["GPUs under SLURM: a learner's own sbatch can ask for more (give them a QOS "
+                 "with MaxTRESPerUser, README.md)",
+                 "disk: no quota (give the homes a filesystem with quotas, README.md)"]
+    else:
+        shared = bool(settings.get("gpus_per_learner") and settings.get("gpu_ids"))
+        lines = Cgroups(settings.get("limits", {})).unenforced(shared)
+    for line in lines:
+        print(f"NOT ENFORCED on this host: {line}", flush=True)
+
+
+def say_ended(ended, when):
+    if ended:
+        print(f"{when}: ended {sum(n for _, n in ended)} processes of "
+              f"{', '.join(name for name, _ in ended)}", flush=True)
+
+
 def command_serve(args):
     state = args.state
     settings = load_settings(state)
     if not load_learners(state):
         raise KitError(f"no learner accounts yet: `classroom.py --state {state} accounts add N`")
+    check_internal_ports(settings)
     proxy = state / "proxy" / "node_modules" / ".bin"
     env = {**os.environ, "CLASSROOM_DIR": str(state),
            "PATH": f"{state / 'env' / 'bin'}:{proxy}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
@@ -642,13 +756,19 @@ def command_serve(args):
     address = f"{scheme}://{settings['ip']}:{settings['port']}"
     print(f"JupyterHub for {COURSE_ID} at {address}/ (state in {state / 'hub'}); the "
           f"instructors' board at {address}/services/progress/", flush=True)
-    os.chdir(state / "hub")
-    # The hub stops the formgrader and the learners' servers with SIGINT, which they would
-    # ignore, as started in the background, had this process inherited it ignored.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.execve(state / "env" / "bin" / "jupyterhub",
-              [str(state / "env" / "bin" / "jupyterhub"), "-f",
-               str(KIT / "jupyterhub_config.py")], env)
+    say_ended(end_processes_of_accounts(state), "before the hub starts")
+    # The hub in a process group of its own (a terminal's Ctrl-C reaches it once, through
+    # this process). It stops the formgrader and the learners' servers with SIGINT, which
+    # they would ignore, as started in the background, had it inherited SIGINT ignored.
+    hub = subprocess.Popen(
+        [str(state / "env" / "bin" / "jupyterhub"), "-f", str(KIT / "jupyterhub_config.py")],
+        env=env, cwd=state / "hub", process_group=0,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda number, frame: hub.send_signal(number))
+    code = hub.wait()
+    say_ended(end_processes_of_accounts(state), "after the hub stopped")
+    sys.exit(code)
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -688,6 +808,12 @@ def parser():
                            "can log in as any other")
     init.add_argument("--memory-limit", default="8G",
                       help="each process of a learner: its data (RLIMIT_DATA; 0: none)")
+    init.add_argument("--learner-memory", default="6G",
+                      help="memory of each learner, all their processes together (a cgroup; "
+                           "0: none)")
+    init.add_argument("--learner-cpus", type=float, default=2,
+                      help="CPUs of each learner, all their processes together (a cgroup's "
+                           "quota; 0: none)")
     init.add_argument("--nproc-limit", type=int, default=512,
                       help="processes and threads of each learner account (RLIMIT_NPROC)")
     init.add_argument("--file-size-limit", default="4G",
@@ -695,12 +821,17 @@ def parser():
     init.add_argument("--gpu-ids", default="",
                       help="local: the GPUs to share out, comma-separated (e.g. 0,1,2,3): "
                            "learner k gets --gpus-per-learner of them in turn")
-    init.add_argument("--port", type=int, default=8000)
-    init.add_argument("--hub-port", type=int, default=8081, help="the hub's API, on 127.0.0.1")
-    init.add_argument("--proxy-api-port", type=int, default=8001)
-    init.add_argument("--formgrader-port", type=int, default=8082)
-    init.add_argument("--progress-port", type=int, default=8083,
-                      help="the progress service (the instructors' board), on 127.0.0.1")
+    init.add_argument("--port", type=int, default=8000,
+                      help="the class's address (the only port that faces the class)")
+    loopback = "on 127.0.0.1, below 1024: only root binds it"
+    init.add_argument("--hub-port", type=int, default=INTERNAL_PORTS["hub_port"],
+                      help=f"the hub's API, {loopback}")
+    init.add_argument("--proxy-api-port", type=int, default=INTERNAL_PORTS["proxy_api_port"],
+                      help=f"the proxy's API, {loopback}")
+    init.add_argument("--formgrader-port", type=int, default=INTERNAL_PORTS["formgrader_port"],
+                      help=f"the formgrader, {loopback}")
+    init.add_argument("--progress-port", type=int, default=INTERNAL_PORTS["progress_port"],
+                      help=f"the progress service (the instructors' board), {loopback}")
     init.add_argument("--anonymous-survey", action="store_true",
                       help="the board and its CSV never say who answered the closing "
                            "survey what")

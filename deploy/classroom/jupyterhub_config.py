@@ -70,7 +70,19 @@ c.JupyterHub.load_groups = {"instructors": {"users": sorted(instructors)}}
 PROGRESS = "progress"
 PROGRESS_ACCESS = f"access:services!service={PROGRESS}"
 BOARD_SCOPE = "custom:progress:board"
-progress_url = f"http://127.0.0.1:{settings.get('progress_port', 8083)}"
+progress_url = f"http://127.0.0.1:{settings['progress_port']}"
+formgrader_url = f"http://127.0.0.1:{settings['formgrader_port']}"
+
+
+def listen_as_grader(url):
+    """The formgrader and the progress service run as the grader account on ports below
+    1024, bound by the hub's root before it becomes the grader (listen.py): no learner's
+    process can take their address while the hub restarts and collect the tokens sent to
+    it (README.md: "What is protected")."""
+    return [str(ENV_BIN / "python"), str(KIT / "listen.py"), "--user", settings["grader"],
+            "--url", url, "--"]
+
+
 c.JupyterHub.custom_scopes = {
     BOARD_SCOPE: {"description": "read the class's progress board, its JSON and CSV"}}
 c.JupyterHub.load_roles = [
@@ -84,10 +96,10 @@ c.JupyterHub.load_roles = [
 c.JupyterHub.services = [
     {
         "name": course_id,
-        "url": f"http://127.0.0.1:{settings['formgrader_port']}",
-        "user": settings["grader"],
+        "url": formgrader_url,
         "cwd": settings["course_folder"],
-        "command": [str(ENV_BIN / "jupyterhub-singleuser"),
+        "command": [*listen_as_grader(formgrader_url), str(ENV_BIN / "python"),
+                    str(STATE / "config" / "grader" / "formgrader.py"),
                     f"--ServerApp.root_dir={grader_home}"],
         "environment": {
             "JUPYTER_CONFIG_PATH": str(STATE / "config" / "grader"),
@@ -99,11 +111,12 @@ c.JupyterHub.services = [
     {
         "name": PROGRESS,
         "url": progress_url,
-        "user": settings["grader"],
         "cwd": str(STATE / "progress"),
-        "command": [str(ENV_BIN / "python"), "-m", "progress.service",
+        "command": [*listen_as_grader(progress_url), str(ENV_BIN / "python"), "-m",
+                    "progress.service",
                     f"--data={STATE / 'progress'}", f"--learners={STATE / 'learners.txt'}",
                     f"--formgrader=/services/{course_id}/formgrader",
+                    f"--exercises={STATE / 'config' / 'progress' / 'exercises.json'}",
                     *(["--anonymous-survey"] if settings.get("anonymous_survey") else [])],
         "environment": {"PYTHONPATH": str(STATE / "config"),
                         "PATH": f"{ENV_BIN}:{SYSTEM_PATH}"},
@@ -154,14 +167,16 @@ c.Spawner.environment = {
     # interface, as the hub reaches it (a SLURM job on another node needs the service on an
     # address it reaches, like the hub's API: README.md, SLURM settings).
     "CLASS_PROGRESS_URL": f"{progress_url}/services/{PROGRESS}/",
+    # workshop_lib.progress sends the token only to a listener of root's or this account's.
+    "CLASS_PROGRESS_OWNER": settings["grader"],
 }
 # The server's token: JupyterHub's default ('server' role) and the progress service.
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
                                  PROGRESS_ACCESS]
 gpu_ids, gpus_each = settings.get("gpu_ids", []), settings.get("gpus_per_learner", 0)
 if settings["spawner"] == "local" and gpus_each and gpu_ids:
-    # Learner k of learners.txt gets the k-th run of gpus_each devices, round the list:
-    # advice to CUDA, not a limit (README.md: GPUs).
+    # Learner k of learners.txt gets the k-th run of gpus_each devices, round the list; the
+    # others are closed to them by their devices group where the host has one (limits.py).
     order = sorted(learners)
 
     def assign_gpus(spawner):
@@ -212,4 +227,25 @@ if settings["spawner"] == "slurm":
         c.SlurmSpawner.state_exechost_exp = slurm["exechost"]
         c.Spawner.args = [f"--ServerApp.ip={slurm['exechost']}"]
 else:
-    c.JupyterHub.spawner_class = "localprocess"
+    # Each learner's server, and all under it, in the learner's control groups: memory, CPU
+    # and processes for the learner as a whole, and only their GPUs (limits.py).
+    from jupyterhub.spawner import LocalProcessSpawner
+    from limits import Cgroups, join
+
+    cgroups = Cgroups(limits)
+
+    class LimitedSpawner(LocalProcessSpawner):
+        def make_preexec_fn(self, name):
+            become = super().make_preexec_fn(name)
+            if cgroups.version is None:
+                return become
+            visible = self.environment.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            procs = cgroups.make(name, gpu_ids, visible)
+
+            def preexec():
+                join(procs)  # as root, before becoming the learner
+                become()
+
+            return preexec
+
+    c.JupyterHub.spawner_class = LimitedSpawner

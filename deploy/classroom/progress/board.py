@@ -1,4 +1,6 @@
-"""What the instructor's board shows, computed from the records (``store.Store.rows``):
+"""What the instructor's board shows, computed from the records' summary
+(``store.Store.summary``, which SQLite sums up, so that the board's cost does not grow with
+one learner's records):
 
 - the grid: learners x exercises, each cell the latest verdict and how many were sent;
 - who is stuck: NOT YET ``stuck_after`` times in a row on one exercise, or no verdict for
@@ -20,7 +22,9 @@ from collections import defaultdict
 STUCK_AFTER = 3
 QUIET_MINUTES = 10
 TOP_REASONS = 3
-GRADED = ("exercise", "assessment")
+# An anonymous survey is shown from this many answers on: with one or two, the board
+# changing as a learner answers would say whose they are.
+MIN_ANONYMOUS = 3
 # A spreadsheet runs a cell that starts with one of these as a formula: learners write the
 # reasons' quoted values and the comments.
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -36,69 +40,71 @@ def _when(text):
     return datetime.datetime.fromisoformat(text)
 
 
-def _exercises(verdicts):
-    """The exercises seen, in the course's order: by notebook (NN_slug), then as first
-    reported."""
-    first = {}
-    for row in verdicts:
-        first.setdefault(row["key"], (row["notebook"], row["time"], row["kind"]))
-    ordered = sorted(first.items(), key=lambda item: item[1][:2])
-    return [{"key": key, "notebook": notebook, "kind": kind}
-            for key, (notebook, _, kind) in ordered]
+def _exercises(first, catalogue=()):
+    """Every exercise of the day in the course's order (``catalogue``: ``[{"key",
+    "notebook", "kind"}]``, as the notebooks come, the assessment last), whether anybody
+    reported it or not; then any other exercise reported (``first``: each key's first
+    report), by notebook (NN_slug), then as first reported."""
+    listed = [{"key": item["key"], "notebook": item["notebook"],
+               "kind": item.get("kind", "exercise")} for item in catalogue]
+    known = {item["key"] for item in listed}
+    others = sorted((item for item in first if item["key"] not in known),
+                    key=lambda item: (item["notebook"], item["order"]))
+    return listed + [{"key": item["key"], "notebook": item["notebook"], "kind": item["kind"]}
+                     for item in others]
 
 
-def _cells(verdicts):
+def _since_last_check(latest, now):
+    """``{learner: whole minutes since their latest verdict}``."""
+    return {row["learner"]: int((now - _when(row["time"])).total_seconds() // 60)
+            for row in sorted(latest, key=lambda row: row["learner"])}
+
+
+def _cells(summary):
     cells = defaultdict(dict)
-    for row in verdicts:
-        cell = cells[row["learner"]].setdefault(row["key"], {"attempts": 0, "passed": False,
-                                                             "streak": 0})
-        cell["attempts"] += 1
-        cell.update(ok=row["ok"], reason=row["reason"], time=row["time"],
-                    notebook=row["notebook"])
-        cell["passed"] = cell["passed"] or row["ok"]
-        cell["streak"] = 0 if row["ok"] else cell["streak"] + 1
+    for cell in summary["cells"]:
+        cells[cell["learner"]][cell["key"]] = cell
     return cells
 
 
-def _stuck(verdicts, cells, now, stuck_after, quiet_minutes):
+def _stuck(latest, cells, now, stuck_after, quiet_minutes):
     found = defaultdict(list)
     for learner, row in sorted(cells.items()):
         for key, cell in row.items():
             if cell["streak"] >= stuck_after:
                 found[learner].append(f"NOT YET {cell['streak']} times in a row on {key}")
-    latest = {}
-    for row in verdicts:
-        latest[row["learner"]] = row
-    for learner, row in sorted(latest.items()):
+    for row in sorted(latest, key=lambda row: row["learner"]):
         quiet = (now - _when(row["time"])).total_seconds() / 60
         if not row["ok"] and quiet >= quiet_minutes:
-            found[learner].append(f"no verdict for {int(quiet)} min since NOT YET on "
-                                  f"{row['key']} ({row['notebook']})")
+            found[row["learner"]].append(f"no verdict for {int(quiet)} min since NOT YET on "
+                                         f"{row['key']} ({row['notebook']})")
     return [{"learner": learner, "why": whys} for learner, whys in sorted(found.items())]
 
 
-def _reasons(verdicts, top):
-    groups = defaultdict(lambda: defaultdict(lambda: {"learners": set(), "times": 0}))
-    for row in verdicts:
-        if not row["ok"]:
-            group = groups[row["key"]][fold(row["reason"])]
-            group["learners"].add(row["learner"])
-            group["times"] += 1
-            group["example"] = row["reason"]  # the latest one said
-    common = {}
-    for key, by_reason in groups.items():
-        ranked = sorted(by_reason.values(), key=lambda g: (-len(g["learners"]), -g["times"],
-                                                           g["example"]))
-        common[key] = [{"reason": g["example"], "learners": len(g["learners"]),
-                        "times": g["times"]} for g in ranked[:top]]
-    return common
+def _reasons(groups, top):
+    by_key = defaultdict(list)
+    for group in groups:
+        by_key[group["key"]].append(group)
+    return {key: [{"reason": g["reason"], "learners": g["learners"], "times": g["times"]}
+                  for g in sorted(found, key=lambda g: (-g["learners"], -g["times"],
+                                                        g["reason"]))[:top]]
+            for key, found in by_key.items()}
 
 
-def _survey(rows, anonymous):
+def _answers(rows, ballots):
+    """``{learner or ballot number: details}``: each learner's latest answers, or the
+    anonymous survey's ballots (``store.Store.ballots``) where they are given."""
+    if ballots is not None:
+        return dict(enumerate(ballots)) if len(ballots) >= MIN_ANONYMOUS else {}
     answers = {}
     for row in rows:
         if row["kind"] == "survey":
             answers[row["learner"]] = row["details"]  # the latest counts
+    return answers
+
+
+def _survey(rows, anonymous, ballots=None):
+    answers = _answers(rows, ballots)
     ratings = defaultdict(list)
     comments = defaultdict(list)
     for learner, details in sorted(answers.items()):
@@ -113,31 +119,34 @@ def _survey(rows, anonymous):
                for name, values in sorted(ratings.items())}
     listed = {name: sorted(texts) if anonymous else texts
               for name, texts in sorted(comments.items())}
-    return {"answered": len(answers), "anonymous": anonymous, "ratings": summary,
-            "comments": listed,
-            "learners": [] if anonymous else sorted(answers)}
+    return {"answered": len(ballots) if ballots is not None else len(answers),
+            "anonymous": anonymous, "ratings": summary, "comments": listed,
+            "learners": [] if anonymous else sorted(answers),
+            "withheld": ballots is not None and len(ballots) < MIN_ANONYMOUS}
 
 
-def build(rows, learners=(), now=None, stuck_after=STUCK_AFTER, quiet_minutes=QUIET_MINUTES,
-          anonymous=False, top=TOP_REASONS):
-    """The board from every record (oldest first) and the class's learners (those who sent
-    nothing yet have a row too)."""
+def build(summary, learners=(), now=None, stuck_after=STUCK_AFTER,
+          quiet_minutes=QUIET_MINUTES, anonymous=False, top=TOP_REASONS, ballots=None,
+          catalogue=()):
+    """The board from the records' summary (``store.Store.summary``) and the class's
+    learners (those who sent nothing yet have a row too); every exercise of ``catalogue`` a
+    column; an anonymous survey from its ``ballots``."""
     now = now or datetime.datetime.now(datetime.UTC)
-    verdicts = [row for row in rows if row["kind"] in GRADED]
-    cells = _cells(verdicts)
+    cells = _cells(summary)
     everyone = sorted(set(learners) | set(cells))
     return {
         "generated": now.isoformat(timespec="seconds"),
         "thresholds": {"stuck_after": stuck_after, "quiet_minutes": quiet_minutes},
         "learners": everyone,
-        "exercises": _exercises(verdicts),
+        "exercises": _exercises(summary["first"], catalogue),
+        "since_last_check": _since_last_check(summary["latest"], now),
         "cells": {learner: {key: {k: cell[k] for k in ("ok", "attempts", "reason", "time",
                                                         "passed")}
                             for key, cell in row.items()}
                   for learner, row in cells.items()},
-        "stuck": _stuck(verdicts, cells, now, stuck_after, quiet_minutes),
-        "reasons": _reasons(verdicts, top),
-        "survey": _survey(rows, anonymous),
+        "stuck": _stuck(summary["latest"], cells, now, stuck_after, quiet_minutes),
+        "reasons": _reasons(summary["reasons"], top),
+        "survey": _survey(summary["surveys"], anonymous, ballots),
     }
 
 
@@ -170,13 +179,10 @@ def grid_csv(board):
                  "time", "reason", "stuck"], lines)
 
 
-def survey_csv(rows, anonymous):
+def survey_csv(rows, anonymous, ballots=None):
     """survey.csv: one line per learner's latest answers; with ``anonymous`` no learner
     column, and the lines in the order of their answers, not of the learners."""
-    answers = {}
-    for row in rows:
-        if row["kind"] == "survey":
-            answers[row["learner"]] = row["details"]
+    answers = _answers(rows, ballots)
     ratings = sorted({name for d in answers.values() for name in d.get("ratings", {})})
     comments = sorted({name for d in answers.values() for name in d.get("comments", {})})
     lines = [[*([] if anonymous else [learner]),

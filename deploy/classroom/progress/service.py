@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
@@ -33,11 +34,12 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from progress import board, store
+from progress import board, guard, store
 
 BOARD_SCOPE = "custom:progress:board"
 PAGE = Path(__file__).resolve().parent / "page"
 MAX_BODY_BYTES = 2 * 2**20
+FD_ENV = "CLASSROOM_LISTEN_FD"  # listen.py's socket
 log = logging.getLogger("progress")
 
 
@@ -91,10 +93,11 @@ class InstructorsHandler(Handler):
     hub_scopes = {BOARD_SCOPE}
 
     def board(self):
-        return board.build(self.service.store.rows(), self.service.learners(),
+        return board.build(self.service.store.summary(), self.service.learners(),
                            stuck_after=self.service.stuck_after,
                            quiet_minutes=self.service.quiet_minutes,
-                           anonymous=self.service.anonymous)
+                           anonymous=self.service.anonymous, ballots=self.service.ballots(),
+                           catalogue=self.service.catalogue)
 
 
     def write_error(self, status_code, **kwargs):
@@ -137,7 +140,9 @@ class CSVHandler(InstructorsHandler):
         if self.which == "board.csv":
             text = board.grid_csv(self.board())
         else:
-            text = board.survey_csv(self.service.store.rows(), self.service.anonymous)
+            text = board.survey_csv(self.service.store.rows("kind = 'survey'"),
+                                    self.service.anonymous,
+                                    self.service.ballots())
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", f'attachment; filename="{self.which}"')
         self.finish(text)
@@ -147,11 +152,16 @@ class Service:
     def __init__(self, args):
         args.data.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.data = args.data
-        self.store = store.Store(args.data / "progress.sqlite")
+        self.store = store.Store(args.data / "progress.sqlite", args.anonymous_survey)
         self.learners_file = args.learners
         self.anonymous = args.anonymous_survey
         self.stuck_after, self.quiet_minutes = args.stuck_after, args.quiet_minutes
         self.formgrader = args.formgrader
+        # The day's exercises, in the notebooks' order (classroom.py init writes the file).
+        self.catalogue = json.loads(args.exercises.read_text()) if args.exercises else []
+
+    def ballots(self):
+        return self.store.ballots() if self.anonymous else None
 
     def learners(self):
         """The class's learners, read again each time (`accounts add` writes the list)."""
@@ -198,15 +208,28 @@ def parser():
     main.add_argument("--quiet-minutes", type=int, default=board.QUIET_MINUTES,
                       help="no verdict this long since a NOT YET: stuck")
     main.add_argument("--formgrader", default="", help="the formgrader's address, linked")
+    main.add_argument("--exercises", type=Path,
+                      help='the day\'s exercises, [{"key", "notebook", "kind"}] in order')
     return main
 
 
+def listen(server):
+    """On the socket listen.py bound as root where the hub started it so (a port no learner
+    can take), else on JUPYTERHUB_SERVICE_URL's address."""
+    if FD_ENV in os.environ:
+        sock = socket.socket(fileno=int(os.environ.pop(FD_ENV)))
+        sock.setblocking(False)
+        server.add_sockets([sock])
+    else:
+        address = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+        server.listen(address.port, address=address.hostname)
+
+
 async def serve(args):
-    address = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/progress/")
     service = Service(args)
-    application(service, prefix).listen(address.port, address=address.hostname,
-                                        max_body_size=MAX_BODY_BYTES)
+    guard.raise_file_limit()
+    listen(guard.GuardedServer(application(service, prefix), max_body_size=MAX_BODY_BYTES))
     log.info("listening on %s%s", os.environ["JUPYTERHUB_SERVICE_URL"], prefix)
     # The hub stops its services with SIGINT (then SIGTERM): stop between two requests.
     stopped = asyncio.Event()

@@ -17,18 +17,29 @@ function replace(id, ...children) {
 }
 
 function drawGrid(board, stuck) {
-  const head = element("tr");
-  head.append(element("th", "learner", "learner"));
+  // The day's exercises as columns, under a row that names their notebooks.
+  const notebooks = element("tr");
+  notebooks.append(element("th", ""));
   for (const exercise of board.exercises) {
-    const th = element("th", exercise.key);
-    th.append(element("div", exercise.notebook, "notebook"));
-    head.append(th);
+    const last = notebooks.lastChild;
+    if (last.dataset.notebook === exercise.notebook) {
+      last.colSpan += 1;
+    } else {
+      const th = element("th", exercise.notebook, "notebook");
+      th.dataset.notebook = exercise.notebook;
+      notebooks.append(th);
+    }
   }
-  const rows = [head];
+  const head = element("tr");
+  head.append(element("th", "learner (since their last check)", "learner"));
+  for (const exercise of board.exercises) head.append(element("th", exercise.key));
+  const rows = [notebooks, head];
   for (const learner of board.learners) {
     const row = element("tr");
     row.dataset.learner = learner;
-    row.append(element("td", learner, stuck.has(learner) ? "learner stuck" : "learner"));
+    const since = (board.since_last_check || {})[learner];
+    row.append(element("td", since === undefined ? learner : `${learner} (${since} min)`,
+                       stuck.has(learner) ? "learner stuck" : "learner"));
     for (const exercise of board.exercises) {
       const cell = (board.cells[learner] || {})[exercise.key];
       if (!cell) {
@@ -78,7 +89,8 @@ function drawReasons(board) {
 function drawSurvey(board) {
   const survey = board.survey;
   const parts = [element("p", `${survey.answered} answered` +
-    (survey.anonymous ? " (anonymous: who answered what is not shown)" : ""))];
+    (survey.anonymous ? " (anonymous: who answered what is not shown)" : "") +
+    (survey.withheld ? "; the answers are shown from 3 answers on" : ""))];
   const table = element("table");
   table.id = "ratings";
   const head = element("tr");
