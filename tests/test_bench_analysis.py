@@ -386,3 +386,26 @@ def test_one_process_has_no_inside_ddp_section():
     figures = full_report(make_plan(world_size=1))
     assert figures["inside_ddp"] is None
     assert "Inside DDP" not in report.format_report(figures)
+
+
+def test_the_data_path_without_webdataset_says_what_it_skipped(monkeypatch):
+    """A GPU image with torch alone has no webdataset: the data path measures its two
+    loaders and the report says, in one line, why the record shards are missing."""
+    import sys
+
+    from workshop_lib.bench import solo
+
+    monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
+    reason = solo.shards_skipped()
+    assert reason.startswith("data path: record shards skipped") and "webdataset" in reason
+    monkeypatch.delitem(sys.modules, "webdataset")
+    assert solo.shards_skipped() is None  # installed here (make setup)
+    bench_plan = make_plan()
+    raw = fake_raw(bench_plan)
+    for name in ("train/shard_loader", "load/shard_loader"):
+        del raw["data_path"]["timings"][name]
+    raw["data_path"]["skipped"] = reason
+    figures = analyse.analyse(raw, bench_plan)
+    assert all("shard_ratio" not in row for row in figures["data_path"]["rows"])
+    lines = report.data_path_section(figures)
+    assert lines[-1] == f"  {reason}" and "record shards (workshop_lib" not in lines[0]

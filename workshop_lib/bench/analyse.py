@@ -262,7 +262,7 @@ def data_path_section(path, config):
         rows.append(row)
     return {"config": config.name, "model": config.label, "batch_size": config.batch_size,
             "workers": path["workers"], "worker_startup_s": path["worker_startup_s"],
-            "rows": rows}
+            "rows": rows, "skipped": path.get("skipped")}
 
 
 def precision_rows(timings, config):

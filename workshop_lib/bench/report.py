@@ -214,6 +214,7 @@ def data_path_section(report):
         + (" and vs WebDataset record shards (workshop_lib.shards; ratio: TensorLoader's "
            "samples/s over theirs)" if with_shards else ""),
         runlog.format_table(rows, columns),
+        *([f"  {path['skipped']}"] if path.get("skipped") else []),
     ]
 
 
