@@ -539,3 +539,36 @@ def test_a_job_cannot_exhaust_the_grading_server(tmp_path):
     assert open_seen["threads"] >= tasks and open_seen["processes"] >= tasks
     assert open_seen["file_mib"] > sandbox.FILE_BYTES // 2**20
     assert open_seen["shm_mib"] > shm_mib
+
+
+def test_a_gpu_job_sees_the_drivers_libraries_where_the_image_keeps_them(tmp_path,
+                                                                         monkeypatch):
+    """libcuda outside the system's folders (as /usr/local/nvidia/lib64 in many container
+    images), named on LD_LIBRARY_PATH: a GPU job's sandbox binds its folder, read-only; a
+    CPU job's does not (the test sees the folder missing where it is)."""
+    sys.path.insert(0, str(SOURCE))
+    try:
+        import ddp_sandbox
+    finally:
+        sys.path.remove(str(SOURCE))
+    driver = tmp_path / "vendor" / "nvidia" / "lib64"
+    driver.mkdir(parents=True)
+    (driver / "libcuda.so.1").write_bytes(b"a stand-in for the driver's library")
+    (driver / "libcuda.so.1").chmod(0o644)
+    for folder in (driver, *driver.parents):
+        if folder == tmp_path.parent:
+            break
+        folder.chmod(0o755)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(driver))
+    assert driver in ddp_sandbox.driver_folders()
+    seen = {}
+    for on_gpu in (True, False):
+        scratch = tmp_path / f"scratch-{on_gpu}"
+        scratch.mkdir()
+        job = ddp_sandbox.Job(scratch, on_gpu=on_gpu, nproc=1)
+        listed = job.popen(["/bin/cat", str(driver / "libcuda.so.1")], env=dict(os.environ),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        seen[on_gpu] = listed.communicate(timeout=60)[0].decode(errors="replace")
+        job.finish()
+    assert seen[True] == "a stand-in for the driver's library", seen
+    assert "No such file" in seen[False], seen

@@ -48,11 +48,12 @@ HOSTNAME = "ddp-sandbox"
 UID_RANGE = (1_500_000_000, 2_000_000_000)
 # The environment a job gets: these names and prefixes, if set, and nothing else.
 KEPT_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES",
-            "DDP_RECORDER_DATA_MODULE")
+            "DDP_RECORDER_DATA_MODULE", "LD_LIBRARY_PATH")
 KEPT_PREFIXES = ("OMP_", "MKL_", "NCCL_")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/nsswitch.conf", "/etc/localtime")
 GPU_PATHS = ("/sys", "/run/nvidia-persistenced")
+DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")  # the driver's, found where they are
 # What one graded job may use: enough that no correct script comes near it (the assessment's
 # README says, limit by limit, what a correct job uses), little enough that thirty jobs
 # graded one after another cannot exhaust the server. Set with prlimit inside the sandbox,
@@ -232,6 +233,10 @@ class Job:
                 args += ["--dev-bind", str(device), str(device)]
             for path in GPU_PATHS:
                 args += ["--ro-bind-try", path, path]
+            for folder in driver_folders():  # libcuda where the image keeps it
+                if not any(folder.is_relative_to(p) for p in bound):
+                    args += [*_parents(folder, made), "--ro-bind", str(folder), str(folder)]
+                    bound.append(folder)
         args += [*_parents(self.scratch, made), "--bind", str(self.scratch), str(self.scratch)]
         if self.scratch.is_relative_to("/tmp"):
             # Its parent folders are in the job's /tmp, where it could otherwise write
@@ -315,6 +320,27 @@ class Job:
                     os.chown(path, self.grader_uid, self.grader_gid, follow_symlinks=False)
         if self.uid is not None:
             os.chown(self.scratch, self.grader_uid, self.grader_gid, follow_symlinks=False)
+
+
+def driver_folders():
+    """The folders holding the GPU driver's user-space libraries (libcuda, libnvidia-ml):
+    those the loader's cache names (``ldconfig -p``) and those on LD_LIBRARY_PATH. Container
+    images often keep them outside /usr (/usr/local/nvidia/lib64, say), where a sandbox
+    binding only the system's folders would not show them to the job."""
+    folders = set()
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
+                               timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        cache = ""
+    for line in cache.splitlines():
+        name, _, path = line.partition("=>")
+        if name.strip().startswith(DRIVER_LIBRARIES):
+            folders.add(Path(path.strip()).resolve().parent)
+    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if entry and any(Path(entry).glob(f"{prefix}*") for prefix in DRIVER_LIBRARIES):
+            folders.add(Path(entry).resolve())
+    return sorted(folder for folder in folders if folder.is_dir())
 
 
 def _parents(path, made):
