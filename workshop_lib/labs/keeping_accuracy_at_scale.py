@@ -282,14 +282,23 @@ def check(my_runs, profile_used=None, batch_scale=16, runs_dir=None, baselines=N
                               f"{target:.3f} ({TARGET_FRACTION:.0%} of the small batch's "
                               f"{baselines['baseline_small'].final['val_acc']:.3f}) and held "
                               f"it (settled at or above it, no fall of {COLLAPSE_PP:g} pp or "
-                              f"more from its best after warmup) ({said}). At this base "
-                              f"rate the linear rule's k-times step is too large: what "
-                              f"does the learning rate need?", details)
+                              f"more from its best after warmup) ({said}). "
+                              f"{_hint(baselines, target)}", details)
     winner = reached[0]
     return Verdict(True, f"your run {winner['run']!r} reached {target:.3f} at batch {large} "
                          f"in {winner['seconds_to_target']:.2f} s of training (final "
                          f"{winner['final_val_acc']:.3f})", {**details,
                                                              "winner": winner["run"]})
+
+
+def _hint(baselines, target):
+    """What to try next, from what the baseline run of the linear rule did here."""
+    linear = baselines.get("baseline_large_linear")
+    if linear is not None and not holds_target(linear, target):
+        return ("The linear rule's run did not hold the target at this base rate (its "
+                "k-times step is too large here): what does the learning rate need?")
+    return ("The linear rule's run held the target here: compare your flags with its "
+            "(--lr-scaling linear).")
 
 
 def _table(board, target):

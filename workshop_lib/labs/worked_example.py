@@ -2,8 +2,9 @@
 
 The premise: your GPU holds the activations of a batch of 64, the job needs the worked
 example's global batch of 256 with its accuracy, and an optimizer step may take at most
-two micro-batches (each micro-batch is one more pass at a smaller, less efficient batch:
-the team's throughput floor). The learner picks the training script's flags
+two micro-batches (the course CNN has BatchNorm, and each micro-batch normalises with the
+statistics of its own smaller batch: the more micro-batches, the further a step is from
+the large batch's). The learner picks the training script's flags
 (``--batch-size``, ``--accumulate``, ``--grad-checkpointing``, ``--amp``), and only those:
 the budget (epochs, learning rate, data, ...) is the check's. The check first refuses,
 without training, what cannot pass: a global batch (batch x accumulation) other than 256,
@@ -97,7 +98,8 @@ def problems_with(global_batch, micro_batches, saved, budget):
                         f"(batch x accumulation)")
     if micro_batches > MAX_MICRO_BATCHES:
         problems.append(f"{micro_batches} micro-batches per step, over the limit of "
-                        f"{MAX_MICRO_BATCHES} (the throughput floor)")
+                        f"{MAX_MICRO_BATCHES} (BatchNorm normalises each micro-batch "
+                        f"with its own statistics)")
     if saved > budget:
         problems.append(f"a step saves {saved / 2**20:.2f} MiB for backward, over the "
                         f"{budget / 2**20:.2f} MiB batch {BUDGET_BATCH} needs (the budget): "
