@@ -253,20 +253,26 @@ def test_the_grader_follows_no_link_the_job_left(attacked):
     assert not [p for p in scratch.rglob("*") if p.is_symlink()]
 
 
-def test_a_job_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
-    _, alice = make_course(tmp_path)
-    mark = marks()
-    (alice / SCRIPT).write_text(HANG.format(mark=mark))
-    checks = load_checks(alice)
+def grade(alice, checks, **env):
+    """alice's script launched as autograde launches it (the graded settings, 2 CPU ranks,
+    in the sandbox, from her folder), with ``env`` set meanwhile; the ``Run``."""
     previous, environ = os.getcwd(), dict(os.environ)
-    os.environ.update(DDP_CHECKS_TIME_LIMIT_S="20", NBGRADER_EXECUTION="autograde")
+    os.environ.update(NBGRADER_EXECUTION="autograde", **env)
+    os.environ.pop(checks._sandbox_module().UNSANDBOXED_ENV, None)
     os.chdir(alice)
     try:
-        run = checks.launch(SCRIPT, hidden_config(checks), 2, False)
+        return checks.launch(SCRIPT, hidden_config(checks), 2, False)
     finally:
         os.chdir(previous)
         os.environ.clear()
         os.environ.update(environ)
+
+
+def test_a_job_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
+    _, alice = make_course(tmp_path)
+    mark = marks()
+    (alice / SCRIPT).write_text(HANG.format(mark=mark))
+    run = grade(alice, load_checks(alice), DDP_CHECKS_TIME_LIMIT_S="20")
     assert run.timed_out
     assert processes_with(mark) == []
 
@@ -505,16 +511,7 @@ def test_a_job_cannot_exhaust_the_grading_server(tmp_path):
     (alice / SCRIPT).write_text(RESOURCE_ATTACK)
     checks = load_checks(alice)
     sandbox = checks._sandbox_module()
-    previous, environ = os.getcwd(), dict(os.environ)
-    os.environ.update(NBGRADER_EXECUTION="autograde", OMP_NUM_THREADS="1")
-    os.environ.pop(sandbox.UNSANDBOXED_ENV, None)
-    os.chdir(alice)
-    try:
-        run = checks.launch(SCRIPT, hidden_config(checks), 2, False)
-    finally:
-        os.chdir(previous)
-        os.environ.clear()
-        os.environ.update(environ)
+    run = grade(alice, checks, OMP_NUM_THREADS="1")
     seen_file = run.out_dir / "seen.json"
     assert seen_file.is_file(), run.output[-3000:]
     seen = json.loads(seen_file.read_text())
