@@ -1733,6 +1733,26 @@ def load_kit():
     return module
 
 
+def test_serve_names_each_limit_this_host_cannot_enforce(capsys):
+    """`make classroom` (its `serve`) says at start, one line each, which learners' limits
+    this host cannot hold: what limits.py finds here, whatever this host has, and under
+    SLURM the GPUs a learner's own sbatch can take."""
+    kit = load_kit()
+    spec = importlib.util.spec_from_file_location("class_limits", KIT.parent / "limits.py")
+    limits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(limits)
+    shares = {"memory_bytes": 2**30, "cpus": 1, "nproc": 100}
+    kit.say_unenforced({"spawner": "local", "gpus_per_learner": 1, "gpu_ids": ["0", "1"],
+                        "limits": shares})
+    said = [line.removeprefix("NOT ENFORCED on this host: ")
+            for line in capsys.readouterr().out.splitlines()]
+    assert said == limits.Cgroups(shares).unenforced(gpus_shared=True)
+    assert said[-1].startswith("disk: no quota")
+    kit.say_unenforced({"spawner": "slurm", "limits": shares})
+    slurm_said = capsys.readouterr().out
+    assert "GPUs under SLURM: a learner's own sbatch can ask for more" in slurm_said
+
+
 def test_a_class_folder_under_a_private_one_is_refused(tmp_path):
     """pytest's temporary folders, like root's home, are closed to other accounts: a class
     there would start and then fail every learner's server."""
