@@ -409,3 +409,18 @@ def test_the_data_path_without_webdataset_says_what_it_skipped(monkeypatch):
     assert all("shard_ratio" not in row for row in figures["data_path"]["rows"])
     lines = report.data_path_section(figures)
     assert lines[-1] == f"  {reason}" and "record shards (workshop_lib" not in lines[0]
+
+
+@pytest.mark.parametrize("gpus, device, expected", [(1, "cuda", 1), (4, "cuda", 4),
+                                                    (8, "cuda", 8), (0, "cpu", None),
+                                                    (1, "cpu", None)])
+def test_the_bench_runs_one_process_per_gpu_by_default_even_on_one(monkeypatch, gpus,
+                                                                   device, expected):
+    """`bench --device cuda` on a one-GPU machine used to refuse (2 processes, 1 GPU)."""
+    import torch
+
+    from workshop_lib import hardware
+
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.Machine(gpus=gpus, cpu_cores=8))
+    found = plan.default_nproc(torch.device(device))
+    assert found == (expected if expected is not None else hardware.CPU_PROCESSES)

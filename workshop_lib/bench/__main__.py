@@ -29,8 +29,8 @@ def parse_args(argv):
              "the largest gradients), a smaller scaling step on a CPU")
     add("--device", default="auto", type=hardware.device_flag)
     add("--nproc", type=int, default=None,
-        help=f"processes at most (default: one per GPU with two or more GPUs, else "
-             f"{hardware.CPU_PROCESSES})")
+        help=f"processes at most (default: one per GPU on GPUs, {hardware.CPU_PROCESSES} "
+             f"on the CPU)")
     add("--dataset", default="auto", choices=data.DATASET_CHOICES,
         help="auto: digits on a CPU; fashion-mnist if downloaded on GPUs")
     add("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)

@@ -232,8 +232,10 @@ def allreduce_sizes(largest_gradient_bytes, quick):
 
 
 def default_nproc(device):
-    """One process per GPU with two or more GPUs, else ``hardware.CPU_PROCESSES``."""
-    return hardware.detect().ddp_nproc if device.type == "cuda" else hardware.CPU_PROCESSES
+    """On GPUs one process per GPU, also on one GPU (the bench's figures then come from one
+    process: the step, its loop, precision, the data path); on the CPU
+    ``hardware.CPU_PROCESSES``."""
+    return max(1, hardware.detect().gpus) if device.type == "cuda" else hardware.CPU_PROCESSES
 
 
 def check_world_size(world_size, device):
