@@ -398,3 +398,29 @@ def test_two_cpu_ranks_write_traces_and_a_consistent_summary(tmp_path):
     assert len(floor["sweep"]) >= 3 and (bandwidth is None or bandwidth > 0)
     assert floor["floor_ms"] > 0 and "the all-reduce floor for" in result.stdout
 
+
+
+@pytest.mark.parametrize("gpus, processes", [(1, 1), (4, 4), (8, 2)])
+def test_trace_on_gpus_takes_the_gpu_profiles_sizes_for_its_processes(monkeypatch, gpus,
+                                                                      processes):
+    """`trace --device cuda` on a one-GPU machine used to take the sizes of the profile's
+    two-process default, which runs its launches on the CPU (the CPU profile's CNN on
+    digits at batch 32): the sizes now come from the GPU profile for the trace's own
+    processes, whose launches run on the GPUs."""
+    import argparse
+
+    import torch
+
+    from workshop_lib import hardware, profile
+    from workshop_lib.trace.__main__ import course_defaults
+
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.Machine(gpus=gpus, cpu_cores=8))
+    consulted = []
+    real = profile.get_profile
+    monkeypatch.setattr(profile, "get_profile",
+                        lambda *a, **k: consulted.append(real(*a, **k)) or consulted[-1])
+    args = argparse.Namespace(dataset="digits", data_dir=None, model=None, batch_size=None)
+    course_defaults(args, torch.device("cuda", 0), processes)
+    (used,) = consulted
+    assert (used.name, used.device, used.nproc) == ("gpu", "cuda", processes)
+    assert (args.model, args.batch_size) == (used.model, used.batch_size)

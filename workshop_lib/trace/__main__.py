@@ -64,9 +64,12 @@ def torchrun_env():
             int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]))
 
 
-def course_defaults(args, device):
-    """Fill the model, batch and dataset the course's profile uses on this device."""
-    kwargs = {"dataset": args.dataset, "launches": profile.PROCESSES}
+def course_defaults(args, device, local_world_size):
+    """Fill the model, batch and dataset the course's profile uses for this job's processes
+    on this machine and device (on one GPU, one process: the GPU profile's sizes, not the
+    CPU launch's that a two-process default would pick)."""
+    kwargs = {"dataset": args.dataset, "launches": profile.PROCESSES,
+              "nproc": local_world_size}
     if args.data_dir:
         kwargs["data_dir"] = args.data_dir
     course = profile.get_profile("gpu" if device.type == "cuda" else "cpu", **kwargs)
@@ -199,7 +202,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     rank, local_rank, world_size, local_world_size = torchrun_env()
     device = hardware.pick_device(args.device, local_rank, local_world_size)
-    course_defaults(args, device)
+    course_defaults(args, device, local_world_size)
     cli.prepare_out_dir(args.out)
     threads = hardware.configure_cpu_threads(device)
     with distributed.process_group(hardware.backend_for(device), timeout_s=args.timeout,
