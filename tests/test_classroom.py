@@ -104,7 +104,7 @@ SERVER_START_S = 180
 AUTOGRADE_S = 600
 # The limits the test's class runs under: low, so that going past them is quick here.
 LIMITS = {"--memory-limit": "2G", "--nproc-limit": "150", "--file-size-limit": "64M",
-          "--learner-memory": "3G", "--learner-cpus": "1"}
+          "--learner-memory": "3G", "--learner-cpus": "1", "--home-size": "256M"}
 # Two (pretend) GPUs shared out under the local spawner: learner k gets GPU k mod 2, and a
 # devices group closes the other to them (character devices 195:N stand in for them).
 GPU_ARGS = ["--gpus-per-learner", "1", "--gpu-ids", "0,1"]
@@ -746,29 +746,81 @@ def leave_a_process(state, learner, mark):
             if p.info["username"] == learner and p.info["cmdline"] == ["sleep", str(mark)]]
 
 
-# In a learner's kernel: two children that each fill MB of memory, in the learner's share
-# with their kernel and server; how many the kernel's OOM killer ended.
+# In a learner's kernel: three children that each fill MB of memory, in the learner's share
+# with their kernel and server; how many the kernel's OOM killer ended, and how many
+# filled theirs.
 MEMORY_HOG_CELL = """
 import os, signal, time
-children = []
-for _ in range(2):
+children, ended, ready = [], {}, 0
+ready_out, ready_in = os.pipe()
+for _ in range(3):
     pid = os.fork()
     if pid == 0:
+        os.close(ready_out)
         block = bytes([1]) * (MB * 2**20)  # every page written
+        os.write(ready_in, b"x")
         signal.pause()
         os._exit(0)
     children.append(pid)
-time.sleep(6)
-killed = 0
+os.close(ready_in)
+os.set_blocking(ready_out, False)
+deadline = time.monotonic() + 120  # each child has filled its memory, or ended
+while time.monotonic() < deadline and ready + len(ended) < 3:
+    try:
+        ready += len(os.read(ready_out, 2))
+    except BlockingIOError:
+        pass
+    for pid in children:
+        if pid not in ended:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                ended[pid] = status
+    time.sleep(0.1)
 for pid in children:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-        killed += 1
-    else:
+    if pid not in ended:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-print("KILLED", killed)
+killed = sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGKILL for s in ended.values())
+print("KILLED", killed, "READY", ready)
 """
+
+
+# In a learner's kernel: fill the home with files of 50 MiB (under the file size limit);
+# MiB written and the error that stopped it.
+FILL_HOME_CELL = """
+import os
+home, written, stopped = os.path.expanduser("~"), 0, None
+try:
+    for i in range(FILES):
+        with open(os.path.join(home, f"fill{i}.bin"), "wb") as fill:
+            for _ in range(50):
+                fill.write(bytes(2**20))
+                written += 1
+except OSError as error:
+    stopped = error.errno
+finally:
+    for i in range(FILES):
+        if os.path.exists(os.path.join(home, f"fill{i}.bin")):
+            os.remove(os.path.join(home, f"fill{i}.bin"))
+print("FILLED", written, stopped)
+"""
+
+
+def disk_attacks(hub, state, learner, token):
+    """A learner fills their home: it is a filesystem of its own (256M here), so the write
+    stops there with ENOSPC and the class folder's filesystem (the exchange, the hub's
+    database) keeps its space; 100 MiB fit (the test sees writing work)."""
+    kernel_id = start_kernel(hub, learner, token)
+    try:
+        full = run_cell(hub, learner, token, kernel_id, "FILES = 8\n" + FILL_HOME_CELL)
+        fits = run_cell(hub, learner, token, kernel_id, "FILES = 2\n" + FILL_HOME_CELL)
+    finally:
+        hub.ok("DELETE", f"/user/{learner}/api/kernels/{kernel_id}", token)
+    assert fits.split() == ["FILLED", "100", "None"], fits
+    written, stopped = full.split()[1:3]
+    return {"fill the server's disk from a home (limit 256M)":
+                os.path.ismount(state / "homes" / learner) and stopped == str(errno.ENOSPC)
+                and int(written) <= 256}
 
 
 # In a learner's kernel: open each stand-in GPU device; the error numbers.
@@ -786,9 +838,10 @@ print(json.dumps(found))
 
 
 def cgroup_attacks(hub, learner, token):
-    """The learner's share, whatever the number of processes: two children of 1.5 GB each
-    pass the per-process limit (2G) but not the learner's 3G, and one is ended; two of 200
-    MB live (the test sees the attack work where it fits). The learner's server runs under a
+    """The learner's share, whatever the number of processes: three children of 1.2 GB
+    each pass the per-process limit (2G) but not the learner's 3G together, and the OOM
+    killer ends one at least; three of 150 MB live (the test sees the attack work where it
+    fits). The learner's server runs under a
     CPU quota of one CPU. The GPU that is not theirs (a device 195:N) cannot be opened; their
     own can (no driver here: ENXIO, past the group)."""
     devices = Path(tempfile.mkdtemp(prefix="gpus-", dir="/tmp"))
@@ -798,15 +851,15 @@ def cgroup_attacks(hub, learner, token):
                        check=True)
     kernel_id = start_kernel(hub, learner, token)
     try:
-        hogs = run_cell(hub, learner, token, kernel_id, "MB = 1500\n" + MEMORY_HOG_CELL)
-        fits = run_cell(hub, learner, token, kernel_id, "MB = 200\n" + MEMORY_HOG_CELL)
+        hogs = run_cell(hub, learner, token, kernel_id, "MB = 1200\n" + MEMORY_HOG_CELL)
+        fits = run_cell(hub, learner, token, kernel_id, "MB = 150\n" + MEMORY_HOG_CELL)
         # In the learner's kernel, so in their groups (a shell from sudo is not).
         opened = json.loads(run_cell(hub, learner, token, kernel_id, OPEN_DEVICES_CELL.format(
             folder=devices)).strip().splitlines()[-1])
     finally:
         hub.ok("DELETE", f"/user/{learner}/api/kernels/{kernel_id}", token)
         shutil.rmtree(devices)
-    assert "KILLED 0" in fits, fits
+    assert fits.split()[:2] == ["KILLED", "0"], fits
     (server,) = [p for p in psutil.process_iter(["username", "cmdline"])
                  if p.info["username"] == learner
                  and "jupyterhub-learner" in " ".join(p.info["cmdline"] or [])]
@@ -817,7 +870,9 @@ def cgroup_attacks(hub, learner, token):
     mine = server.environ()["CUDA_VISIBLE_DEVICES"]
     other = "1" if mine == "0" else "0"
     assert opened[mine] == errno.ENXIO, opened  # through the group, to a missing driver
-    return {"use more memory than the learner's share across processes": "KILLED 1" in hogs,
+    print(f"memory hogs: {hogs.strip()}; within the share: {fits.strip()}")
+    return {"use more memory than the learner's share across processes":
+                hogs.split()[0] == "KILLED" and int(hogs.split()[1]) >= 1,
             "use more than the learner's CPUs": quota == "100000",
             f"open a GPU that is not the learner's (theirs: {mine})":
                 opened[other] == errno.EPERM}
@@ -954,6 +1009,7 @@ def class_day(classroom, tmp_path_factory):
                                             secret["instructor_password"], folder))
         attacks.update(limit_attacks(hub, learners[2], tokens[learners[2]]))
         attacks.update(cgroup_attacks(hub, learners[2], tokens[learners[2]]))
+        attacks.update(disk_attacks(hub, state, learners[2], tokens[learners[2]]))
         attacks.update(address_attacks(state, learners[1], hub.settings))
         attacks.update(squatter_attack(hub, learners[0], tokens[learners[0]]))
         day["left process"] = leave_a_process(state, learners[2], LEFT_MARK)
@@ -1742,13 +1798,17 @@ def test_serve_names_each_limit_this_host_cannot_enforce(capsys):
     limits = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(limits)
     shares = {"memory_bytes": 2**30, "cpus": 1, "nproc": 100}
-    kit.say_unenforced({"spawner": "local", "gpus_per_learner": 1, "gpu_ids": ["0", "1"],
-                        "limits": shares})
-    said = [line.removeprefix("NOT ENFORCED on this host: ")
-            for line in capsys.readouterr().out.splitlines()]
-    assert said == limits.Cgroups(shares).unenforced(gpus_shared=True)
-    assert said[-1].startswith("disk: no quota")
-    kit.say_unenforced({"spawner": "slurm", "limits": shares})
+    local = {"spawner": "local", "gpus_per_learner": 1, "gpu_ids": ["0", "1"],
+             "limits": shares}
+    for home_bytes in (0, 2**30):
+        kit.say_unenforced({**local, "home_bytes": home_bytes})
+        said = [line.removeprefix("NOT ENFORCED on this host: ")
+                for line in capsys.readouterr().out.splitlines()]
+        disk_problem = kit.disks().problem() if home_bytes else "init --home-size 0"
+        assert said == [*limits.Cgroups(shares).unenforced(gpus_shared=True),
+                        *([f"disk: the homes share the class folder's filesystem "
+                           f"({disk_problem})"] if disk_problem else [])], said
+    kit.say_unenforced({"spawner": "slurm", "limits": shares, "home_bytes": 0})
     slurm_said = capsys.readouterr().out
     assert "GPUs under SLURM: a learner's own sbatch can ask for more" in slurm_said
 

@@ -518,6 +518,7 @@ def command_init(args):
                    "fsize_bytes": parse_size(args.file_size_limit),
                    "memory_bytes": parse_size(args.learner_memory), "cpus": args.learner_cpus},
         "gpus_per_learner": args.gpus_per_learner, "gpu_ids": gpu_ids,
+        "home_bytes": parse_size(args.home_size),
         "slurm": {"gpus_per_learner": args.gpus_per_learner, "partition": args.partition,
                   "slurm_conf": args.slurm_conf, "exechost": args.exechost,
                   "runtime": args.runtime, "start_timeout_s": args.start_timeout,
@@ -559,8 +560,15 @@ def command_accounts(args):
             raise KitError(f"--prefix {args.prefix!r}: lower-case letters, digits and '-', "
                            f"starting with a letter, at most 21 characters")
         names = learner_names(args.prefix, args.count)
+        own_disks = settings.get("home_bytes") and disks().problem() is None
         for name in names:
             add_account(state, name, state / "homes" / name, "ddp-workshop learner")
+            if own_disks:  # a home of its own size (disks.py)
+                try:
+                    disks().make(state, name, state / "homes" / name, settings["home_bytes"])
+                except OSError as error:
+                    raise KitError(f"cannot give {name} a home filesystem ({error}): "
+                                   f"`init --home-size 0` keeps plain folders") from None
         learners = sorted(set(load_learners(state)) | set(names))
         (state / "learners.txt").write_text("\n".join(learners) + "\n")
         made = set_learner_passwords(state, names)
@@ -638,8 +646,13 @@ def remove_accounts(state, keep=()):
             continue
         if user_exists(name):
             # Processes left by the account (a server the hub did not stop) would keep
-            # userdel from removing it.
+            # userdel from removing it, and its home filesystem from being unmounted.
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            home = Path(pwd.getpwnam(name).pw_dir)
+            try:
+                disks().unmount(state, name, home)
+            except OSError as error:
+                raise KitError(f"cannot unmount {home}: {error}") from None
             run("userdel", "--remove", name)
         removed.append(name)
     (state / "accounts.txt").write_text("".join(f"{name}\n" for name in kept))
@@ -728,13 +741,32 @@ def say_unenforced(settings):
         sys.path.pop(0)
     if settings["spawner"] == "slurm":
         lines = ["GPUs under SLURM: a learner's own sbatch can ask for more (give them a QOS "
-                 "with MaxTRESPerUser, README.md)",
-                 "disk: no quota (give the homes a filesystem with quotas, README.md)"]
+                 "with MaxTRESPerUser, README.md)"]
     else:
         shared = bool(settings.get("gpus_per_learner") and settings.get("gpu_ids"))
         lines = Cgroups(settings.get("limits", {})).unenforced(shared)
+    why = "init --home-size 0" if not settings.get("home_bytes") else disks().problem()
+    if why:
+        lines.append(f"disk: the homes share the class folder's filesystem ({why})")
     for line in lines:
         print(f"NOT ENFORCED on this host: {line}", flush=True)
+
+
+def disks():
+    """The kit's disks.py (the homes' filesystems)."""
+    sys.path.insert(0, str(KIT))
+    try:
+        import disks as module
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def mount_homes(state, settings):
+    """Each learner's home filesystem, mounted again where a restart unmounted it."""
+    if settings.get("home_bytes") and disks().problem() is None:
+        for name in load_learners(state):
+            disks().mount(state, name, state / "homes" / name)
 
 
 def say_ended(ended, when):
@@ -757,6 +789,7 @@ def command_serve(args):
     print(f"JupyterHub for {COURSE_ID} at {address}/ (state in {state / 'hub'}); the "
           f"instructors' board at {address}/services/progress/", flush=True)
     say_ended(end_processes_of_accounts(state), "before the hub starts")
+    mount_homes(state, settings)
     # The hub in a process group of its own (a terminal's Ctrl-C reaches it once, through
     # this process). It stops the formgrader and the learners' servers with SIGINT, which
     # they would ignore, as started in the background, had it inherited SIGINT ignored.
@@ -808,6 +841,9 @@ def parser():
                            "can log in as any other")
     init.add_argument("--memory-limit", default="8G",
                       help="each process of a learner: its data (RLIMIT_DATA; 0: none)")
+    init.add_argument("--home-size", default="4G",
+                      help="each learner's home: a filesystem of this size of its own "
+                           "(a sparse image, loop-mounted; 0: a plain folder)")
     init.add_argument("--learner-memory", default="6G",
                       help="memory of each learner, all their processes together (a cgroup; "
                            "0: none)")

@@ -11,7 +11,7 @@ handed down) or v1 (``memory``, ``cpu``, ``pids`` and ``devices`` controllers; u
 hub's own group, ``/proc/self/cgroup``). GPUs need v1's ``devices`` controller (v2 filters devices
 with eBPF programs, which the kit does not load): elsewhere ``CUDA_VISIBLE_DEVICES`` is
 advice only, and ``unenforced`` says so, as it says for every limit the host cannot hold.
-Disk space is never enforced here (quotas are the filesystem's: README.md).
+Disk space is disks.py's.
 """
 from pathlib import Path
 
@@ -106,7 +106,6 @@ class Cgroups:
         if gpus_shared and (self.version != 1 or not self.folders("probe").get("devices")):
             lines.append("GPUs: no cgroup v1 devices controller here, so "
                          "CUDA_VISIBLE_DEVICES is advice (a learner can use every GPU)")
-        lines.append("disk: no quota (give the homes a filesystem with quotas, README.md)")
         return lines
 
 
