@@ -1939,3 +1939,24 @@ def test_init_refuses_a_course_exchange_folder_another_account_made_first(tmp_pa
     for name, mode in kit_module.EXCHANGE_MODES.items():
         folder = course / name
         assert (folder.stat().st_uid, stat.S_IMODE(folder.stat().st_mode)) == (daemon, mode)
+
+
+def test_internal_ports_any_account_could_bind_are_refused_saying_the_fix(monkeypatch):
+    """A port from the host's first unprivileged port on could be taken by a learner's
+    process while the hub restarts: refused in one line; where the host lets every account
+    bind every port (containers often do), the line gives the sysctl."""
+    kit = load_kit()
+    ports = dict(kit.INTERNAL_PORTS)
+    sys.path.insert(0, str(KIT.parent))
+    try:
+        import listen
+    finally:
+        sys.path.remove(str(KIT.parent))
+    if listen.unprivileged_start() > max(ports.values()):  # the usual 1024
+        kit.check_internal_ports(ports)  # the defaults pass
+        with pytest.raises(kit.KitError, match="--hub-port 8081: any account .* give one "
+                                               "below"):
+            kit.check_internal_ports({**ports, "hub_port": 8081})
+    monkeypatch.setattr(listen, "unprivileged_start", lambda: 0)
+    with pytest.raises(kit.KitError, match="ip_unprivileged_port_start=1024"):
+        kit.check_internal_ports(ports)

@@ -694,9 +694,13 @@ def check_internal_ports(settings):
     for name in INTERNAL_PORTS:
         if settings[name] >= first:
             flag = "--" + name.replace("_", "-")
+            fix = (f"give one below {first} (the default is {INTERNAL_PORTS[name]})"
+                   if first > INTERNAL_PORTS[name] else
+                   "let only root bind ports below 1024: sysctl "
+                   "net.ipv4.ip_unprivileged_port_start=1024 (a container: docker run "
+                   "--sysctl net.ipv4.ip_unprivileged_port_start=1024)")
             raise KitError(f"{flag} {settings[name]}: any account on this host can bind ports "
-                           f"from {first} and take it while the hub restarts; give one below "
-                           f"{first} (the defaults are {INTERNAL_PORTS[name]})")
+                           f"from {first} and take it while the hub restarts; {fix}")
 
 
 def process_uids(pid_folder):
