@@ -379,8 +379,8 @@ def test_one_account_cannot_stall_the_service_with_idle_connections():
     guarded = start(lambda app: guard.GuardedServer(app, per_account=5,
                                                     idle_connection_timeout=1))
     at_once, later, served = flood(guarded)
-    # At most 5 open for the account, and 5 more whose owner the tables had not shown yet.
-    assert at_once >= 90 and later == 100, (at_once, later)
+    # At most 5 open for the account (the kernel names each connection's owner at once).
+    assert at_once >= 95 and later == 100, (at_once, later)
     assert served in (None, "served")
     assert served == "served" or os.geteuid() != 0
     plain = start(lambda app: httpserver.HTTPServer(app))

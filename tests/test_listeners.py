@@ -93,6 +93,48 @@ def test_a_real_listener_of_another_account_is_refused():
         process.wait()
 
 
+def test_the_kernel_names_the_owner_at_the_other_end_of_a_connection(monkeypatch):
+    """peer_uid: a stranger's connection (nobody's when this test is root) to a server of
+    ours is theirs, ours is ours, IPv6 too, a peer that has gone is None; and the tables,
+    where sock_diag is missing, say the same."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    preexec = None
+    stranger = os.getuid()
+    if os.geteuid() == 0:
+        owner = pwd.getpwnam("nobody")
+        stranger = owner.pw_uid
+        preexec = lambda: (os.setgid(owner.pw_gid), os.setuid(owner.pw_uid))  # noqa: E731
+    code = ("import socket, sys, time\n"
+            f"s = socket.socket(); s.connect(('127.0.0.1', {port}))\n"
+            "print('IN', flush=True); sys.stdin.readline()\n")
+    process = subprocess.Popen([STRANGER_PYTHON, "-S", "-c", code], stdout=subprocess.PIPE,
+                               stdin=subprocess.PIPE, text=True, preexec_fn=preexec, cwd="/")
+    six = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    try:
+        assert process.stdout.readline().strip() == "IN"
+        theirs, their_end = server.accept()
+        own = socket.create_connection(("127.0.0.1", port))
+        ours, our_end = server.accept()
+        own6 = socket.create_connection(("::1", six.getsockname()[1]))
+        ours6, our_end6 = six.accept()
+        for lookup in ("sock_diag", "tables"):
+            if lookup == "tables":
+                monkeypatch.setattr(listeners, "_diag_uid", lambda *a: (_ for _ in ()).throw(
+                    OSError("no sock_diag")))
+            assert listeners.peer_uid(their_end, theirs.getsockname()) == stranger, lookup
+            assert listeners.peer_uid(our_end, ours.getsockname()) == os.getuid(), lookup
+            assert listeners.peer_uid(our_end6, ours6.getsockname()) == os.getuid(), lookup
+            assert listeners.peer_uid(("127.0.0.1", 1), ours.getsockname()) is None, lookup
+        for connection in (theirs, own, ours, own6, ours6):
+            connection.close()
+    finally:
+        process.stdin.close()
+        process.wait(10)
+        server.close()
+        six.close()
+
+
 def test_progress_keeps_its_records_when_a_stranger_holds_the_port(tmp_path, monkeypatch):
     process, port = stranger_listening()
     monkeypatch.setenv(progress.PATH_ENV, str(tmp_path / "progress.jsonl"))

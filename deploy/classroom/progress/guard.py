@@ -7,15 +7,15 @@ out of file descriptors and every report and the board time out. Here:
 - a connection that has sent no request within ``IDLE_S`` (headers included) is closed,
   and a request body must arrive within ``BODY_S``;
 - at most ``PER_ACCOUNT`` connections are open at once from one account: the owner of a
-  connection's other end is read from the kernel's socket tables (``workshop_lib.
-  listeners``: the same loopback interface), and one past the cap is closed at once.
+  connection's other end is asked of the kernel (``workshop_lib.listeners.peer_uid``: the
+  same loopback interface), and one past the cap is closed at once, as is one whose other
+  end has gone already.
   Root's connections (the hub's proxy, which every browser's request comes through) are
   not capped;
 - the service raises its own file limit to the hard one, so the cap, not the limit, is
   what a flood meets.
 """
 import resource
-import time
 
 from tornado.httpserver import HTTPServer
 
@@ -24,7 +24,6 @@ from workshop_lib import listeners
 IDLE_S = 10
 BODY_S = 30
 PER_ACCOUNT = 64
-TABLE_EVERY_S = 0.2  # the socket tables are read again at most this often
 
 
 def raise_file_limit():
@@ -39,21 +38,12 @@ class GuardedServer(HTTPServer):
         kwargs.setdefault("body_timeout", BODY_S)
         super().initialize(*args, **kwargs)
         self.per_account = per_account
-        self.open = {}  # uid (None: not found) -> connections open
+        self.open = {}  # uid -> connections open
         self.owner_of = {}  # id(stream) -> uid
-        self.owners, self.read_at = {}, 0.0  # (peer port, our port) -> uid
-
-    def owner(self, address, port):
-        """The uid of the socket at the other end of a connection from ``address``."""
-        key = (address[1], port)
-        if key not in self.owners and time.monotonic() - self.read_at > TABLE_EVERY_S:
-            self.owners, self.read_at = listeners.connections(), time.monotonic()
-        return self.owners.get(key)
 
     def handle_stream(self, stream, address):
-        port = stream.socket.getsockname()[1]
-        uid = self.owner(address, port) if address else None
-        if uid != 0 and self.open.get(uid, 0) >= self.per_account:
+        uid = listeners.peer_uid(address, stream.socket.getsockname()) if address else None
+        if uid is None or (uid != 0 and self.open.get(uid, 0) >= self.per_account):
             stream.close()
             return
         self.open[uid] = self.open.get(uid, 0) + 1
