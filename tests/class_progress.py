@@ -121,6 +121,64 @@ print("RESULT " + json.dumps({"returncode": sent.returncode, "said": sent.stdout
                               "errors": sent.stderr[-1500:], "pending": len(progress.pending())}))
 """
 
+# A learner's own code stalling the service: CONNECTIONS connections that send nothing (a
+# slow-loris), held in the kernel; how many the service closed at once. STALL_END_CELL:
+# how many it closed after its idle timeout, then the rest closed.
+STALL_CELL = """
+import json, os, socket, time
+from urllib.parse import urlsplit
+_address = urlsplit(os.environ["CLASS_PROGRESS_URL"])
+_held = []
+for _ in range(CONNECTIONS):
+    try:
+        _held.append(socket.create_connection((_address.hostname, _address.port), timeout=5))
+    except OSError:
+        break
+time.sleep(1)
+def _closed(connection):
+    connection.settimeout(0.05)
+    try:
+        return connection.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+print("RESULT " + json.dumps({"opened": len(_held), "closed at once": sum(map(_closed, _held))}))
+"""
+STALL_END_CELL = """
+time.sleep(WAIT_S)
+said = {"closed later": sum(map(_closed, _held))}
+for connection in _held:
+    connection.close()
+print("RESULT " + json.dumps(said))
+"""
+# A learner's own code flooding the service with records: POSTS requests of PER_POST
+# records each; per request the status, how many were stored, how many refused and why.
+FLOOD_CELL = """
+import json, os, urllib.error, urllib.request, uuid
+from datetime import datetime, timezone
+base, token = os.environ["CLASS_PROGRESS_URL"], os.environ["JUPYTERHUB_API_TOKEN"]
+answers = []
+for _ in range(POSTS):
+    records = [{"id": uuid.uuid4().hex, "kind": "exercise", "key": "sampler",
+                "notebook": "02_from_one_gpu_to_many", "ok": False, "reason": REASON,
+                "time": datetime.now(timezone.utc).isoformat(), "attempt": 1,
+                "details": {"n": n}} for n in range(PER_POST)]
+    request = urllib.request.Request(base + "api/records", method="POST", headers={
+        "Authorization": "token " + token, "Content-Type": "application/json"},
+        data=json.dumps({"records": records}).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            body = json.load(answer)
+            answers.append([answer.status, body["stored"], len(body["rejected"]),
+                            sorted({r["reason"] for r in body["rejected"]})])
+    except urllib.error.HTTPError as error:
+        answers.append([error.code, 0, 0, []])
+print("RESULT " + json.dumps(answers))
+"""
+STALL_CONNECTIONS = 200
+FLOOD_REASON = "flooding the progress service"
+
 # The board's grid as the page shows it: {learner: {exercise: cell text}}.
 GRID_STATE = """() => {
   const state = {};
@@ -269,7 +327,40 @@ def progress_day(hub, accounts, tokens, instructor_token, secret, folder, cell,
                                           json_body={"records": [own]}) for _ in range(2)]
     seen["instructor csv"] = hub.request("GET", BOARD + "board.csv", instructor_token)[1]
     seen["survey csv"] = hub.request("GET", BOARD + "survey.csv", instructor_token)[1]
+    seen["stall"] = stall_and_flood(hub, learners[1], learners[0], instructor_token, cell)
     seen["down"] = service_down(hub, grader, learners[2], instructor_token, cell)
+    return seen
+
+
+def stall_and_flood(hub, attacker, other, instructor_token, cell):
+    """The attacker's kernel holds STALL_CONNECTIONS idle connections to the service while
+    another learner checks and the instructor reads the board; then it sends more records
+    than the service keeps for one learner. What each side saw; the flood's records are
+    removed after (the class of 30 reuses the names), as an instructor could."""
+    import sqlite3
+
+    seen = {"held": result(cell(attacker, with_values(
+        STALL_CELL, CONNECTIONS=STALL_CONNECTIONS), 120))}
+    seen["other's check"] = result(cell(other, DOWN_CELL, 120))
+    seen["board while held"] = board(hub, instructor_token)["learners"]
+    seen["released"] = result(cell(attacker, with_values(STALL_END_CELL, WAIT_S=12), 60))
+    seen["flood"] = result(cell(attacker, with_values(
+        FLOOD_CELL, POSTS=3, PER_POST=400, REASON=FLOOD_REASON), 300))
+    start = time.monotonic()
+    seen["board after flood"] = board(hub, instructor_token)
+    seen["board after flood s"] = time.monotonic() - start
+    database = sqlite3.connect(hub.state / "progress" / "progress.sqlite", timeout=30)
+    try:
+        with database:
+            seen["kept"] = database.execute("SELECT count(*) FROM records WHERE learner = ?",
+                                            (attacker,)).fetchone()[0]
+            database.execute("DELETE FROM records WHERE learner = ? AND reason = ?",
+                             (attacker, FLOOD_REASON))
+    finally:
+        database.close()
+    print(f"\nprogress service: {seen['held']['opened']} idle connections held, "
+          f"{seen['held']['closed at once']} closed at once; board after the flood "
+          f"{seen['board after flood s']:.2f} s")
     return seen
 
 

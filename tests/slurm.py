@@ -60,6 +60,7 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MailProg=/bin/true
+{job_submit}
 ReturnToService=2
 # A node has the CPUs and GPUs this file gives it, whatever this machine has.
 SlurmdParameters=config_overrides
@@ -87,15 +88,19 @@ def missing():
 class Cluster:
     """``nodes`` nodes (node0, node1, ...: slurmds on this machine) of ``cpus`` CPUs and
     ``gpus`` fake GPUs each (and ``memory_mb`` of memory, for jobs that ask for some), in one
-    partition; a context manager."""
+    partition; a context manager. ``job_submit_lua``: the text of a job_submit.lua that
+    slurmctld runs on every submission (JobSubmitPlugins=lua; it reads the file again when
+    it changes)."""
 
-    def __init__(self, folder, nodes=1, cpus=None, gpus=0, memory_mb=None):
+    def __init__(self, folder, nodes=1, cpus=None, gpus=0, memory_mb=None,
+                 job_submit_lua=None):
         self.folder = Path(folder)
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [f"node{i}" for i in range(nodes)]
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.gpus = gpus
         self.memory_mb = memory_mb
+        self.job_submit_lua = job_submit_lua
         self.env = {**os.environ, "SLURM_CONF": str(self.folder / "slurm.conf")}
         self.daemons = {}
         self.munge = None
@@ -126,7 +131,10 @@ class Cluster:
                                       gres=gres) for i in range(len(self.nodes)))
         (self.folder / "slurm.conf").write_text(SLURM_CONF.format(
             host=self.host, folder=self.folder, munge=munge, ctld_port=free_port(),
-            gres_types="GresTypes=gpu" if self.gpus else "", nodes=nodes))
+            gres_types="GresTypes=gpu" if self.gpus else "", nodes=nodes,
+            job_submit="JobSubmitPlugins=lua" if self.job_submit_lua else ""))
+        if self.job_submit_lua:
+            (self.folder / "job_submit.lua").write_text(self.job_submit_lua)
         if self.gpus:
             (self.folder / "gres.conf").write_text(
                 f"AutoDetect=off\nName=gpu File=/dev/tty[0-{self.gpus - 1}]\n")

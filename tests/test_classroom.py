@@ -104,7 +104,8 @@ SERVER_START_S = 180
 AUTOGRADE_S = 600
 # The limits the test's class runs under: low, so that going past them is quick here.
 LIMITS = {"--memory-limit": "2G", "--nproc-limit": "150", "--file-size-limit": "64M",
-          "--learner-memory": "3G", "--learner-cpus": "1", "--home-size": "256M"}
+          "--learner-memory": "3G", "--learner-cpus": "1", "--home-size": "256M",
+          "--exchange-size": "160M"}
 # Two (pretend) GPUs shared out under the local spawner: learner k gets GPU k mod 2, and a
 # devices group closes the other to them (character devices 195:N stand in for them).
 GPU_ARGS = ["--gpus-per-learner", "1", "--gpu-ids", "0,1"]
@@ -785,11 +786,11 @@ print("KILLED", killed, "READY", ready)
 """
 
 
-# In a learner's kernel: fill the home with files of 50 MiB (under the file size limit);
-# MiB written and the error that stopped it.
-FILL_HOME_CELL = """
+# In a learner's kernel: fill FOLDER (their home: None) with files of 50 MiB (under the
+# file size limit); MiB written and the error that stopped it.
+FILL_CELL = """
 import os
-home, written, stopped = os.path.expanduser("~"), 0, None
+home, written, stopped = FOLDER or os.path.expanduser("~"), 0, None
 try:
     for i in range(FILES):
         with open(os.path.join(home, f"fill{i}.bin"), "wb") as fill:
@@ -807,20 +808,29 @@ print("FILLED", written, stopped)
 
 
 def disk_attacks(hub, state, learner, token):
-    """A learner fills their home: it is a filesystem of its own (256M here), so the write
-    stops there with ENOSPC and the class folder's filesystem (the exchange, the hub's
-    database) keeps its space; 100 MiB fit (the test sees writing work)."""
+    """A learner fills their home, then the exchange: each is a filesystem of its own (256M
+    and 160M here), so the write stops there with ENOSPC and the class folder's filesystem
+    (the hub's database) keeps its space; 100 MiB fit in each (the test sees writing work).
+    No quota within the exchange here: this host's kernel keeps none (`serve` says so)."""
     kernel_id = start_kernel(hub, learner, token)
+    filled = {}
     try:
-        full = run_cell(hub, learner, token, kernel_id, "FILES = 8\n" + FILL_HOME_CELL)
-        fits = run_cell(hub, learner, token, kernel_id, "FILES = 2\n" + FILL_HOME_CELL)
+        for name, folder in (("home", None), ("exchange", str(state / "exchange"))):
+            cell = f"FOLDER = {folder!r}\n" + FILL_CELL
+            filled[name] = [run_cell(hub, learner, token, kernel_id, f"FILES = {n}\n" + cell)
+                            for n in (8, 2)]
     finally:
         hub.ok("DELETE", f"/user/{learner}/api/kernels/{kernel_id}", token)
-    assert fits.split() == ["FILLED", "100", "None"], fits
-    written, stopped = full.split()[1:3]
+    found = {}
+    for name, (full, fits) in filled.items():
+        assert fits.split() == ["FILLED", "100", "None"], (name, fits)
+        written, stopped = full.split()[1:3]
+        limit = {"home": 256, "exchange": 160}[name]
+        found[name] = stopped == str(errno.ENOSPC) and int(written) <= limit
     return {"fill the server's disk from a home (limit 256M)":
-                os.path.ismount(state / "homes" / learner) and stopped == str(errno.ENOSPC)
-                and int(written) <= 256}
+                os.path.ismount(state / "homes" / learner) and found["home"],
+            "fill the server's disk through the exchange (limit 160M)":
+                os.path.ismount(state / "exchange") and found["exchange"]}
 
 
 # In a learner's kernel: open each stand-in GPU device; the error numbers.
@@ -1168,6 +1178,36 @@ def test_a_learner_reads_no_board_and_writes_only_their_own_records(class_day):
 
 
 @pytest.mark.slow
+def test_one_learner_stalls_or_floods_the_progress_service_for_nobody(class_day):
+    """A learner's kernel holds 200 idle connections to the progress service (a slow-loris):
+    past the per-account cap the service closes them at once, the rest after its idle
+    timeout, and meanwhile another learner's verdict reaches it and the board answers. Then
+    it sends 1,200 records: the service keeps at most its cap for one learner and says why
+    it refused the rest. (Without the guard a plain server closes none: the planted
+    weakness of tests/test_class_progress.py, the same measure.)"""
+    stall, learners = class_day["progress"]["stall"], class_day["accounts"].learners
+    sys.path.insert(0, str(KIT.parent))
+    try:
+        from progress import guard, store
+    finally:
+        sys.path.pop(0)
+    held = stall["held"]
+    assert held["opened"] == class_progress.STALL_CONNECTIONS, held
+    # The cap, plus those opened before the socket tables showed their owner (0.2 s).
+    assert held["closed at once"] >= class_progress.STALL_CONNECTIONS - guard.PER_ACCOUNT - 40
+    assert stall["released"]["closed later"] == class_progress.STALL_CONNECTIONS
+    assert stall["other's check"] == {"ok": True, "pending": 0}, stall["other's check"]
+    assert learners[0] in stall["board while held"]
+    answers = stall["flood"]
+    assert [status for status, *_ in answers] == [200, 200, 200], answers
+    assert sum(stored for _, stored, *_ in answers) <= store.RECORDS_PER_LEARNER
+    assert stall["kept"] <= store.RECORDS_PER_LEARNER, stall["kept"]
+    refused = {reason for *_, reasons in answers for reason in reasons}
+    assert refused == {f"{learners[1]} already has {store.RECORDS_PER_LEARNER} records"}
+    assert learners[1] in stall["board after flood"]["learners"]
+
+
+@pytest.mark.slow
 def test_no_verdict_is_lost_while_the_service_is_down(class_day):
     down, learner = class_day["progress"]["down"], class_day["accounts"].learners[2]
     assert down["stopped"] == 1
@@ -1392,6 +1432,32 @@ def jobs(cluster):
     return {user: (state, reason) for user, state, reason in map(str.split, lines)}
 
 
+# A job_submit.lua that refuses nothing: the cluster before its administrator installs the
+# class's (the planted weakness of the GPU limit).
+PERMIT_EVERY_JOB = """
+function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
+return slurm.SUCCESS
+"""
+
+
+def learner_sbatch(cluster, user, *options):
+    """A learner's own ``sbatch`` of a job that would hold what it asks for 10 minutes; an
+    accepted one is cancelled at once (the test's queue stays as the hub left it)."""
+    result = as_user(user, "env", f"SLURM_CONF={cluster.folder / 'slurm.conf'}", "sbatch",
+                     "--parsable", "--output=/dev/null", *options, "--wrap", "sleep 600")
+    if result.returncode == 0:
+        cluster.command("scancel", result.stdout.strip().split(";")[0])
+    return result
+
+
+def slurm_gpus():
+    spec = importlib.util.spec_from_file_location("slurm_gpus", KIT.parent / "slurm_gpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def slurm_day(classroom, class_day):
     """The same class with each learner's server a SLURM job asking for one GPU, on one
@@ -1413,12 +1479,21 @@ def slurm_day(classroom, class_day):
     day["edited"], day["deleted"] = (edited, edited.read_bytes()), deleted
     deleted.unlink()
     try:
-        with slurm.Cluster(folder, nodes=1, cpus=4, gpus=2, memory_mb=4096) as cluster:
+        with slurm.Cluster(folder, nodes=1, cpus=4, gpus=2, memory_mb=4096,
+                           job_submit_lua=PERMIT_EVERY_JOB) as cluster:
             kit(state, "init", *classroom["init_args"], "--spawner", "slurm",
                 "--gpus-per-learner", "1", "--slurm-conf", str(folder / "slurm.conf"),
                 "--exechost", "127.0.0.1", "--start-timeout", "300",
                 "--cpus-per-gpu", "2", "--mem-per-gpu", "1G",
                 "--runtime", "0:30:00")  # the test cluster's partition allows 60 min
+            # Before the class's job_submit.lua is installed, a learner's own job takes both
+            # GPUs (held, so it runs nothing), and the kit's check says so; then installed.
+            settings = json.loads((state / "class.json").read_text())
+            day["no limit: two GPUs"] = learner_sbatch(cluster, first, "--hold",
+                                                       "--gres=gpu:2")
+            day["no limit: said"] = slurm_gpus().problem(state, settings["slurm"], first)
+            shutil.copy(state / "config" / "job_submit.lua", folder / "job_submit.lua")
+            day["limit: said"] = slurm_gpus().problem(state, settings["slurm"], first)
             # A learner's process left running while the hub is down, as one waiting for a
             # port would be: `serve` ends it before it starts the hub.
             left = leave_a_process(state, third, LEFT_MARK + 1)
@@ -1440,6 +1515,11 @@ def slurm_day(classroom, class_day):
                 day["progress url"] = {user: server_processes(user)[0].environ().get(
                     "CLASS_PROGRESS_URL") for user in (first, second)}
                 day["listening"] = {user: listening_addresses(user) for user in (first, second)}
+                # The first learner's server holds their GPU: their own jobs ask for more.
+                day["own jobs"] = {" ".join(options): learner_sbatch(cluster, first, *options)
+                                   for options in (["--gres=gpu:1"], ["--gres=gpu:2"],
+                                                   ["--gpus=1"], ["--array=0-1", "--gres=gpu:1"],
+                                                   ["--gres=gpu:1", "--hold"])}
                 hub.start_server(third, tokens[third])
                 deadline = time.monotonic() + 60
                 while third not in jobs(cluster):
@@ -1478,6 +1558,20 @@ def test_slurm_learners_servers_are_their_jobs_with_their_own_gpu(slurm_day, cla
     assert {devices[first], devices[second]} == {"0", "1"}, devices
     # The one-machine cluster's servers listen on the loopback interface only.
     assert slurm_day["listening"] == {first: {"127.0.0.1"}, second: {"127.0.0.1"}}
+
+
+@pytest.mark.slow
+def test_a_learners_own_sbatch_cannot_hold_more_gpus_than_theirs(slurm_day):
+    """Under SLURM each learner holds at most their GPUs over all their jobs: the class's
+    job_submit.lua refuses the rest with the reason. Without it (the planted weakness) the
+    same learner's job for both GPUs is taken, and the kit's check at `serve` says so."""
+    assert slurm_day["no limit: two GPUs"].returncode == 0, slurm_day["no limit: two GPUs"]
+    assert "GPUs under SLURM" in (slurm_day["no limit: said"] or ""), slurm_day["no limit: said"]
+    assert slurm_day["limit: said"] is None, slurm_day["limit: said"]
+    for options, result in slurm_day["own jobs"].items():
+        assert result.returncode != 0 and "ddp-workshop:" in result.stderr, (options, result)
+    assert "at most 1 GPU(s)" in slurm_day["own jobs"]["--gres=gpu:1"].stderr
+    assert "NOT ENFORCED on this host: GPUs" not in slurm_day["hub log"]
 
 
 @pytest.mark.slow
@@ -1789,7 +1883,7 @@ def load_kit():
     return module
 
 
-def test_serve_names_each_limit_this_host_cannot_enforce(capsys):
+def test_serve_names_each_limit_this_host_cannot_enforce(capsys, monkeypatch, tmp_path):
     """`make classroom` (its `serve`) says at start, one line each, which learners' limits
     this host cannot hold: what limits.py finds here, whatever this host has, and under
     SLURM the GPUs a learner's own sbatch can take."""
@@ -1808,9 +1902,23 @@ def test_serve_names_each_limit_this_host_cannot_enforce(capsys):
         assert said == [*limits.Cgroups(shares).unenforced(gpus_shared=True),
                         *([f"disk: the homes share the class folder's filesystem "
                            f"({disk_problem})"] if disk_problem else [])], said
-    kit.say_unenforced({"spawner": "slurm", "limits": shares, "home_bytes": 0})
-    slurm_said = capsys.readouterr().out
-    assert "GPUs under SLURM: a learner's own sbatch can ask for more" in slurm_said
+    # Under SLURM it asks the cluster as a learner (slurm_gpus.py): no sbatch answers here.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    slurm_settings = {"spawner": "slurm", "limits": shares, "home_bytes": 0,
+                      "slurm": {"gpus_per_learner": 1, "slurm_conf": "/nonexistent.conf"}}
+    kit.say_unenforced(slurm_settings)
+    assert "GPUs under SLURM: not asked yet" in capsys.readouterr().out
+    with tempfile.TemporaryDirectory() as state:
+        Path(state, "learners.txt").write_text("nobody\n")
+        kit.say_unenforced(slurm_settings, Path(state))
+    assert "NOT ENFORCED on this host: GPUs under SLURM: " in capsys.readouterr().out
+    # The exchange's quotas: here a plain folder, so none (disks.py names why).
+    with tempfile.TemporaryDirectory() as state:
+        (Path(state) / "exchange").mkdir()
+        kit.say_unenforced({**local, "home_bytes": 2**30, "exchange_quota_bytes": 2**20},
+                           Path(state))
+    assert ("disk: no learner's quota in the exchange (the exchange is not a filesystem of "
+            "its own" in capsys.readouterr().out)
 
 
 def test_a_class_folder_under_a_private_one_is_refused(tmp_path):

@@ -23,6 +23,7 @@ Python 3.11+ (standard library only). Everything it writes is under DIR, except 
 accounts (useradd/userdel), which `down` removes. README.md beside this file says more.
 """
 import argparse
+import importlib
 import json
 import os
 import pwd
@@ -369,6 +370,17 @@ def make_exchange(state, grader, course_id):
         folder.chmod(mode)
 
 
+def exchange_filesystem(state, settings):
+    """The exchange on a filesystem of its own (disks.py), where the host can loop-mount."""
+    if settings.get("exchange_bytes") and disks().problem() is None:
+        (state / "exchange").mkdir(exist_ok=True)
+        try:
+            disks().make_exchange(state, state / "exchange", settings["exchange_bytes"])
+        except OSError as error:
+            raise KitError(f"cannot give the exchange a filesystem of its own ({error}): "
+                           f"`init --exchange-size 0` keeps it a plain folder") from None
+
+
 def make_progress_folder(state, grader):
     """DIR/progress: the progress service's database, the grader's alone (the service runs
     as the grader); kept by a new init (it holds the day's records)."""
@@ -519,6 +531,8 @@ def command_init(args):
                    "memory_bytes": parse_size(args.learner_memory), "cpus": args.learner_cpus},
         "gpus_per_learner": args.gpus_per_learner, "gpu_ids": gpu_ids,
         "home_bytes": parse_size(args.home_size),
+        "exchange_bytes": parse_size(args.exchange_size),
+        "exchange_quota_bytes": parse_size(args.exchange_quota),
         "slurm": {"gpus_per_learner": args.gpus_per_learner, "partition": args.partition,
                   "slurm_conf": args.slurm_conf, "exechost": args.exechost,
                   "runtime": args.runtime, "start_timeout_s": args.start_timeout,
@@ -526,15 +540,16 @@ def command_init(args):
                   "cpus": args.cpus_per_seat, "mem": args.mem_per_seat},
     }
     check_internal_ports(settings)
-    say_unenforced(settings)
     settings_path(state).write_text(json.dumps(settings, indent=1) + "\n")
     settings_path(state).chmod(0o644)
     write_secrets(state, {"class_password": os.environ.get("CLASS_PASSWORD"),
                           "instructor_password": os.environ.get("CLASS_INSTRUCTOR_PASSWORD")},
                   args.shared_class_password)
+    exchange_filesystem(state, settings)
     make_exchange(state, args.grader, COURSE_ID)
     copy_learner_material(state)
     install_config(state, settings)
+    write_slurm_limit(state, settings)
     scheme = "https" if ssl_cert else "http"
     print(f"{state}: class {COURSE_ID}, grader {args.grader} ({course_folder}), "
           f"instructors {', '.join(args.instructors) or 'none'}, {args.spawner} spawner, "
@@ -569,8 +584,13 @@ def command_accounts(args):
                 except OSError as error:
                     raise KitError(f"cannot give {name} a home filesystem ({error}): "
                                    f"`init --home-size 0` keeps plain folders") from None
+        quota = settings.get("exchange_quota_bytes")
+        if quota and disks().exchange_problem(state / "exchange") is None:
+            for name in names:
+                disks().limit_in_exchange(state / "exchange", name, quota)
         learners = sorted(set(load_learners(state)) | set(names))
         (state / "learners.txt").write_text("\n".join(learners) + "\n")
+        write_slurm_limit(state, settings)
         made = set_learner_passwords(state, names)
         sheet = write_handout(state, settings)
         print(f"{len(names)} learner accounts: {names[0]} .. {names[-1]} (homes in "
@@ -580,6 +600,7 @@ def command_accounts(args):
     else:
         removed = remove_accounts(state, keep={settings["grader"]})
         (state / "learners.txt").unlink(missing_ok=True)
+        write_slurm_limit(state, settings)
         passwords = learner_passwords(state)
         save_learner_passwords(state, {name: word for name, word in passwords.items()
                                        if name not in removed})
@@ -663,13 +684,12 @@ def command_down(args):
     state = args.state
     removed = remove_accounts(state)
     print(f"removed {len(removed)} accounts ({', '.join(removed) or 'none'})")
+    try:
+        disks().unmount_exchange(state, state / "exchange")
+    except OSError as error:
+        raise KitError(f"cannot unmount {state / 'exchange'}: {error}") from None
     if settings_path(state).exists():
-        sys.path.insert(0, str(KIT))
-        try:
-            from limits import remove_groups
-        finally:
-            sys.path.pop(0)
-        left = remove_groups(load_settings(state).get("limits", {}))
+        left = kit_module("limits").remove_groups(load_settings(state).get("limits", {}))
         if left:
             print(f"control groups still in use, not removed: {', '.join(left)}")
     if args.purge:
@@ -685,12 +705,7 @@ def check_internal_ports(settings):
     process holding one of those ports while the hub restarts would receive the tokens and
     passwords sent there. Below the host's first unprivileged port only root binds
     (listen.py binds the services' for them)."""
-    sys.path.insert(0, str(KIT))
-    try:
-        from listen import unprivileged_start
-    finally:
-        sys.path.pop(0)
-    first = unprivileged_start()
+    first = kit_module("listen").unprivileged_start()
     for name in INTERNAL_PORTS:
         if settings[name] >= first:
             flag = "--" + name.replace("_", "-")
@@ -736,41 +751,58 @@ def end_processes_of_accounts(state):
     return sorted(counts.items())
 
 
-def say_unenforced(settings):
-    """One line for each learners' limit this host cannot enforce (limits.py)."""
-    sys.path.insert(0, str(KIT))
-    try:
-        from limits import Cgroups
-    finally:
-        sys.path.pop(0)
+def say_unenforced(settings, state=None):
+    """One line for each learners' limit this host cannot enforce (limits.py, disks.py and,
+    under SLURM, slurm_gpus.py: asked as a learner of the class in ``state``)."""
     if settings["spawner"] == "slurm":
-        lines = ["GPUs under SLURM: a learner's own sbatch can ask for more (give them a QOS "
-                 "with MaxTRESPerUser, README.md)"]
+        learners = load_learners(state) if state else []
+        line = (kit_module("slurm_gpus").problem(state, settings["slurm"], learners[0])
+                if learners else "GPUs under SLURM: not asked yet (no learner accounts)")
+        lines = [line] if line else []
     else:
         shared = bool(settings.get("gpus_per_learner") and settings.get("gpu_ids"))
-        lines = Cgroups(settings.get("limits", {})).unenforced(shared)
+        lines = kit_module("limits").Cgroups(settings.get("limits", {})).unenforced(shared)
     why = "init --home-size 0" if not settings.get("home_bytes") else disks().problem()
     if why:
         lines.append(f"disk: the homes share the class folder's filesystem ({why})")
+    if state and settings.get("exchange_quota_bytes"):
+        why = disks().exchange_problem(state / "exchange")
+        if why:
+            lines.append(f"disk: no learner's quota in the exchange ({why}): one learner "
+                         f"can fill it, and stop the others' submissions")
     for line in lines:
         print(f"NOT ENFORCED on this host: {line}", flush=True)
 
 
-def disks():
-    """The kit's disks.py (the homes' filesystems)."""
+def kit_module(name):
+    """One of the kit's modules beside this file (limits.py, disks.py, ...)."""
     sys.path.insert(0, str(KIT))
     try:
-        import disks as module
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return module
+
+
+def disks():
+    """The kit's disks.py (the homes' filesystems)."""
+    return kit_module("disks")
+
+
+def write_slurm_limit(state, settings):
+    """Under SLURM, the class's job_submit.lua for these learners (slurm_gpus.py)."""
+    if settings["spawner"] == "slurm":
+        kit_module("slurm_gpus").write(state, load_learners(state),
+                                       settings["slurm"]["gpus_per_learner"])
 
 
 def mount_homes(state, settings):
-    """Each learner's home filesystem, mounted again where a restart unmounted it."""
-    if settings.get("home_bytes") and disks().problem() is None:
-        for name in load_learners(state):
-            disks().mount(state, name, state / "homes" / name)
+    """Each learner's home filesystem and the exchange's, mounted again where a restart of
+    the machine unmounted them."""
+    if disks().problem() is None:
+        disks().mount_exchange(state, state / "exchange")
+        if settings.get("home_bytes"):
+            for name in load_learners(state):
+                disks().mount(state, name, state / "homes" / name)
 
 
 def say_ended(ended, when):
@@ -794,6 +826,7 @@ def command_serve(args):
           f"instructors' board at {address}/services/progress/", flush=True)
     say_ended(end_processes_of_accounts(state), "before the hub starts")
     mount_homes(state, settings)
+    say_unenforced(settings, state)
     # The hub in a process group of its own (a terminal's Ctrl-C reaches it once, through
     # this process). It stops the formgrader and the learners' servers with SIGINT, which
     # they would ignore, as started in the background, had it inherited SIGINT ignored.
@@ -845,6 +878,12 @@ def parser():
                            "can log in as any other")
     init.add_argument("--memory-limit", default="8G",
                       help="each process of a learner: its data (RLIMIT_DATA; 0: none)")
+    init.add_argument("--exchange-size", default="16G",
+                      help="the exchange's own filesystem (sparse: it takes what is "
+                           "submitted); 0 keeps it a folder of the class folder's")
+    init.add_argument("--exchange-quota", default="256M",
+                      help="each learner's space in the exchange, where the kernel keeps "
+                           "quotas; 0: none")
     init.add_argument("--home-size", default="4G",
                       help="each learner's home: a filesystem of this size of its own "
                            "(a sparse image, loop-mounted; 0: a plain folder)")
