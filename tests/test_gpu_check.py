@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -687,17 +688,45 @@ def test_the_bench_step_reads_notebook_02s_run_on_several_gpus_else_runs_its_own
 
 
 def test_the_equivalence_compares_in_full_float32_and_restores_tf32():
+    """Wherever a verdict says "the same" (the equivalence, 07's compiled and FSDP runs):
+    no TF32, cuDNN's deterministic algorithms without autotuning; the settings as they
+    were afterwards."""
     from workshop_lib import equivalence
+    from workshop_lib.inside_ddp import compiled, fsdp
 
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = matmul.allow_tf32, cudnn.allow_tf32
+    saved = matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark
+    seen = []
+
+    def settings(*args, **kwargs):
+        seen.append((matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic,
+                     cudnn.benchmark))
+
     try:
-        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        matmul.allow_tf32 = cudnn.allow_tf32 = cudnn.benchmark = True
+        cudnn.deterministic = False
         with equivalence.full_float32():
-            assert not matmul.allow_tf32 and not cudnn.allow_tf32
-        assert matmul.allow_tf32 and cudnn.allow_tf32
+            settings()
+        class Stop(Exception):
+            pass
+
+        def load(*args, **kwargs):  # the comparisons' first step: the settings it runs with
+            settings()
+            raise Stop
+
+        for module in (compiled, fsdp):  # their comparisons run under it too
+            real = module.data
+            module.data = types.SimpleNamespace(load=load)
+            try:
+                with pytest.raises(Stop):
+                    module.compare(0, 1, torch.device("cpu"))
+            finally:
+                module.data = real
+        assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic,
+                cudnn.benchmark) == (True, True, False, True)
     finally:
-        matmul.allow_tf32, cudnn.allow_tf32 = saved
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = saved
+    assert seen == [(False, False, True, False)] * 3, seen
 
 
 def test_a_relative_out_becomes_absolute_before_anything_runs(tmp_path, monkeypatch):

@@ -137,18 +137,22 @@ def accumulation(info, mine, device, micro_batches=4):
 
 @contextlib.contextmanager
 def full_float32():
-    """TF32 off for matmuls and cuDNN convolutions, as it was afterwards.
+    """TF32 off for matmuls and cuDNN convolutions, and cuDNN's deterministic algorithms
+    without autotuning, as they were afterwards: where a verdict says "the same", the
+    mechanism, not the GPU's arithmetic, decides it.
 
     With TF32 a GPU rounds the inputs of float32 matmuls and convolutions to 10 mantissa
     bits, and cuDNN may pick different algorithms for a rank's batch of b and the single
-    process's N x b: differences of about 1e-3 that say nothing about DDP, against the
-    comparisons' 1e-5. (No effect on the CPU.)"""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    process's N x b (or for one run and the next, when it autotunes): differences of about
+    1e-3 that say nothing about DDP, against the comparisons' 1e-5. (No effect on the CPU.)"""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark
+    matmul.allow_tf32 = cudnn.allow_tf32 = cudnn.benchmark = False
+    cudnn.deterministic = True
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = saved
 
 
 @full_float32()

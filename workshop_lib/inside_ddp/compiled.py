@@ -13,7 +13,10 @@ later ones run the compiled code.
 with DDP compiled (a collective) and records the first compiled step's seconds, both step
 times (``timing.timed_window``: the slowest rank's, medians over windows), and the largest
 parameter difference after the first step (the same arithmetic, up to float rounding:
-Inductor may sum in another order) and at the end (where training has amplified it).
+Inductor may sum in another order) and at the end (where training has amplified it). On a
+GPU both run in full float32 with cuDNN's deterministic algorithms
+(``equivalence.full_float32``): TF32's rounding and cuDNN's choice of algorithm would
+otherwise decide "the same", not compiling.
 """
 import copy
 import statistics
@@ -21,6 +24,7 @@ import statistics
 import torch
 
 from workshop_lib import data, models, train_ddp
+from workshop_lib.equivalence import full_float32
 from workshop_lib.inside_ddp import replay
 from workshop_lib.inside_ddp.timing import timed_window, train_step
 from workshop_lib.stopwatch import Stopwatch
@@ -28,6 +32,7 @@ from workshop_lib.stopwatch import Stopwatch
 WINDOWS, STEPS, BATCH_SIZE, LR = 3, 10, 32, 0.01
 
 
+@full_float32()
 def compare(rank, world_size, device, dataset="digits", windows=WINDOWS, steps=STEPS,
             batch_size=BATCH_SIZE):
     """``{"compile_s", "step_ms": {"eager", "compiled"}, "first_step_difference",

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 
 from workshop_lib import data, models, profile, runlog, train_ddp
+from workshop_lib.equivalence import full_float32
 from workshop_lib.inside_ddp import replay
 
 BYTES, STATES = 4, 2  # float32; Adam's exp_avg and exp_avg_sq
@@ -96,8 +97,11 @@ def train(model, batches, steps):
     return optimizer
 
 
+@full_float32()
 def compare(rank, world_size, device, dataset="digits", steps=STEPS, batch_size=BATCH_SIZE):
-    """DDP against FSDP2 on the course CNN (a collective). Returns ``{"max_difference",
+    """DDP against FSDP2 on the course CNN (a collective), in full float32 with cuDNN's
+    deterministic algorithms on a GPU (``equivalence.full_float32``: TF32 and cuDNN's
+    choices, not sharding, would decide "the same" otherwise). Returns ``{"max_difference",
     "moved", "held": {"ddp": per rank, "fsdp": per rank}, "parameters", "steps"}``."""
     train_set, _, info = data.load(dataset)
     batches = replay.rank_batches(train_set, rank, world_size, batch_size, steps, device)
