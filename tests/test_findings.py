@@ -110,49 +110,46 @@ def test_time_to_target_speedup_needs_every_run_to_get_there():
     assert "3.4x" in table and "12 h" in table and "3.5 h" in table
 
 
-def scaled_to(epoch_s, world_size, device="cpu"):
+def scaled_to(epoch_s, world_size, device="cpu", steps=40):
+    """Three seeds of an epoch of ``epoch_s`` on ``world_size`` processes, each running
+    1/world_size of the epoch's ``steps``."""
     runs = seeds([0.96] * 3, epoch_s=epoch_s, world_size=world_size)
     for one in runs:
         one.start["device"] = device
+        one.start["steps_per_epoch"] = steps // world_size
     return runs
 
 
-def test_amdahls_serial_fraction_is_the_law_solved_for_s():
-    # By hand: S = 1.6 on 2 processes: 2/1.6 = 1.25, (1.25 - 1)/(2 - 1) = 0.25;
-    # S = 3.2 on 4: 4/3.2 = 1.25, 0.25/3 = 1/12.
-    assert nb02.serial_fraction(1.6, 2) == pytest.approx(0.25)
-    assert nb02.serial_fraction(3.2, 4) == pytest.approx(1 / 12)
-    # ... and back: s = 0.25 on 4 processes: 1/(0.25 + 0.75/4) = 1/0.4375.
-    assert nb02.amdahl_speedup(0.25, 4) == pytest.approx(1 / 0.4375)
-    assert nb02.amdahl_speedup(nb02.serial_fraction(3.2, 4), 4) == pytest.approx(3.2)
-    base = seeds([0.96] * 3, epoch_s=2.0)
-    found = nb02.amdahl(base, scaled_to(1.25, 2, device="cuda:0"))["amdahl"]  # S = 1.6
-    assert "S = 1.60" in found.text and "= 0.25." in found.text and "Karp-Flatt" in found.text
-    assert "2.3x on 4, 2.9x on 8" in found.text and "1/s = 4.0x" in found.text
+def test_weak_scaling_efficiency_is_s_over_n_and_each_steps_overhead():
+    # By hand: 2.0 s for 40 steps alone (50 ms a step), 0.625 s on 4 processes of 10 steps
+    # each (62.5 ms a step): S = 3.2, E = 3.2/4 = 0.8 = 50/62.5, 12.5 ms more a step.
+    base = scaled_to(2.0, 1)
+    found = nb02.scaling_efficiency(base, scaled_to(0.625, 4, device="cuda:0"))["scaling"]
+    assert "S = 3.20, efficiency E = S/N = 0.80" in found.text
+    assert "50.0 ms alone and 62.5 ms among 4" in found.text
+    assert "12.5 ms more (20% of it)" in found.text and "parallel overhead" in found.text
+    assert found.holds is False and "below 0.9" in found.text
+    # That overhead kept per step: E x N, a straight line; no serial fraction, no ceiling.
+    assert "6.4x on 8, 51.2x on 64" in found.text and "sets no ceiling" in found.text
+    assert "1/s" not in found.text and "Karp" not in found.text
 
 
-def test_amdahl_says_almost_all_parallel_only_when_the_speedup_nears_n():
-    base = seeds([0.96] * 3, epoch_s=2.0)
-    near = nb02.amdahl(base, scaled_to(0.52, 4, device="cuda:0"))["amdahl"]  # S = 3.85
-    assert near.holds is True and "almost all of the epoch's work divided" in near.text
-    assert "no prediction to more processes here" not in near.text
-    far = nb02.amdahl(base, scaled_to(0.8, 4, device="cuda:0"))["amdahl"]  # S = 2.5
-    assert far.holds is False and "almost all" not in far.text
-    assert "20% of the one-process epoch behaves as serial work" in far.text
-    on_cpu = nb02.amdahl(base, scaled_to(1.02, 2))["amdahl"]
-    assert "no prediction to more processes here" in on_cpu.text
-    assert " on 4" not in on_cpu.text and "predicts" not in on_cpu.text
+def test_weak_scaling_is_near_linear_only_near_n_and_predicts_nothing_on_a_cpu():
+    base = scaled_to(2.0, 1)
+    near = nb02.scaling_efficiency(base, scaled_to(0.52, 4, device="cuda:0"))["scaling"]
+    assert near.holds is True and "near-linear" in near.text  # E = 0.96
+    on_cpu = nb02.scaling_efficiency(base, scaled_to(1.25, 2))["scaling"]
+    assert "no prediction to more of them here" in on_cpu.text
+    assert " on 8" not in on_cpu.text and "straight line" not in on_cpu.text
 
 
-def test_amdahl_says_the_overhead_outgrew_the_work_when_n_processes_are_slower():
-    base = seeds([0.96] * 3, epoch_s=2.0)
-    slower = nb02.amdahl(base, scaled_to(2.4, 2))["amdahl"]  # S = 0.83, s = 1.4
-    assert slower.holds is False and "= 1.40." in slower.text
-    assert "the overhead outgrew the work" in slower.text
-    assert "No prediction" in slower.text and "on 4" not in slower.text
-    faster_than_n = nb02.amdahl(base, scaled_to(0.4, 4))["amdahl"]  # S = 5 > N
-    assert faster_than_n.holds is None and "cannot give" in faster_than_n.text
-    alone = nb02.amdahl(base, scaled_to(1.0, 1))["amdahl"]
+def test_weak_scaling_says_when_n_processes_were_slower_or_faster_than_n_times():
+    base = scaled_to(2.0, 1)
+    slower = nb02.scaling_efficiency(base, scaled_to(2.4, 2))["scaling"]  # S = 0.83
+    assert slower.holds is False and "E = S/N = 0.42" in slower.text
+    faster = nb02.scaling_efficiency(base, scaled_to(0.4, 4))["scaling"]  # S = 5 > N
+    assert faster.holds is None and "Faster than 4 times" in faster.text
+    alone = nb02.scaling_efficiency(base, scaled_to(1.0, 1))["scaling"]
     assert alone.skipped and "nproc is 1" in alone.text
 
 
@@ -660,19 +657,17 @@ def test_the_tolerance_is_resolvable_only_when_one_image_weighs_less(val_samples
     assert nb02.tolerance_resolution(judged, 100 / val_samples + 0.01)["resolution"].holds
 
 
-def test_the_benchmark_reads_weak_scaling_with_gustafsons_law():
-    # By hand: efficiency 0.9 on 4 processes: scaled speed-up 3.6 = 4 - s * 3, s = 0.4/3.
-    assert nb02.gustafson_serial(3.6, 4) == pytest.approx(0.4 / 3)
-
+def test_the_benchmark_reads_weak_scaling_as_each_steps_overhead():
+    # By hand: efficiency 0.8 on 4 processes: a step among 4 took 1/0.8 = 1.25 of one alone.
     def bench(efficiency, world_size=4):
         return {"scaling": [{"config": "course", "mode": "weak", "world_size": world_size,
                              "batch_size": 32, "efficiency": {"median": efficiency},
                              "predicted_efficiency": 0.97}]}
-    assert "= 3.60, is N - s(N - 1) with s = 0.13" in \
-        nb02.bench_scaling(bench(0.9))["bench_course"].text
-    below_one = nb02.bench_scaling(bench(0.3, world_size=2))["bench_course"].text
-    assert "= 0.60, is under 1" in below_one and "outgrew the step's work" in below_one
-    assert "above N" in nb02.bench_scaling(bench(1.1))["bench_course"].text
+    said = nb02.bench_scaling(bench(0.8))["bench_course"].text
+    assert "efficiency 0.80 measured against 0.97 predicted" in said
+    assert "cost 25% more than a step alone" in said and "sets no ceiling" in said
+    assert "serial share" not in said
+    assert "which overhead cannot give" in nb02.bench_scaling(bench(1.1))["bench_course"].text
 
 
 def test_a_skipped_benchmark_says_why():

@@ -81,13 +81,14 @@ SESSIONS = (
     Session("notebooks/02_from_one_gpu_to_many.ipynb",
             "make a single-device script a DDP job and launch it with torchrun; node, world "
             "size, global and local rank; predict what each rank sees; measure the same "
-            "accuracy in less time and read its speed-up with Amdahl's law (strong vs weak "
-            "scaling; optional: the bench, DDP from two collectives)", (80, 80),
+            "accuracy in less time and read its speed-up as weak scaling, its efficiency and "
+            "each step's overhead (strong scaling too; optional: the bench, DDP from two "
+            "collectives)", (80, 80),
             # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
             # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
             # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
             # from-scratch check 36); the whole notebook 313 s and 466 s in two runs
-            # reading: 20 min, 3 for Amdahl's law (no run: it reads the comparison's), 2
+            # reading: 20 min, 3 for weak scaling (no run: it reads the comparison's), 2
             # for the picture of a DDP step
             Budget(reading=25, exercises=45, cpu_run=5, gpu_run=10,
                    optional=(("how close to the physical limit?", 10),

@@ -11,10 +11,7 @@ from pathlib import Path
 
 from workshop_lib import day, labs, runlog
 from workshop_lib.findings.base import Finding, Findings, skipped
-from workshop_lib.findings.from_one_gpu_to_many import (
-    ALMOST_PARALLEL,
-    speedup_reading,
-)
+from workshop_lib.findings.from_one_gpu_to_many import EFFICIENT, weak_scaling_reading
 from workshop_lib.findings.keeping_accuracy_at_scale import TARGET_FRACTION
 from workshop_lib.labs import when_things_go_wrong
 
@@ -97,39 +94,38 @@ def progress_rows(records, exercises):
 
 def speedup(one_device, scaled, folder="runs/02_ddp"):
     """The speed-up of notebook 02's comparison (``one_device``, ``scaled``: its runs, [] when
-    they are missing from ``folder``), and what limited it: Amdahl's serial fraction, solved
-    from the speed-up (the notebook's own reading)."""
+    they are missing from ``folder``), its scaling efficiency, and what limited it: each
+    step's overhead among N (the notebook's own reading)."""
     if not one_device or not scaled:
         return Findings([missing("speedup", "notebook 02's comparison of 1 process against "
                                             "N (its section 4)",
                                  f"{folder} holds no finished runs of its two arms; run that "
                                  f"section of notebook 02")])
-    reading = speedup_reading(one_device, scaled)
-    if reading is None:
+    r = weak_scaling_reading(one_device, scaled)
+    if r is None:
         return Findings([skipped("speedup", "your notebook 02 comparison ran one process "
                                             "(nproc was 1): no speed-up to read.")])
-    n, t1, tn, s_up, serial, on_cpu = reading
-    said = (f"Your speed-up (notebook 02): an epoch took {t1:.2f} s on 1 process and "
-            f"{tn:.2f} s on {n}, {s_up:.2f}x, a scaling efficiency of {s_up / n:.0%}; "
-            f"Amdahl's serial fraction s = (N/S - 1)/(N - 1) = {serial:.2f}.")
-    if serial <= ALMOST_PARALLEL:
-        limit = (f" s is at most {ALMOST_PARALLEL}: almost all of the epoch's work divided "
-                 f"over the processes, and little limited it.")
-    elif serial >= 1:
-        limit = (f" s is 1 or more: the {n} processes were no faster than one; what they "
-                 f"added (the all-reduce of every step, waiting for each other"
-                 + (", sharing the cores the one process had to itself" if on_cpu else "")
+    n, e = r["n"], r["efficiency"]
+    said = (f"Your speed-up (notebook 02): an epoch took {r['t1']:.2f} s on 1 process and "
+            f"{r['tn']:.2f} s on {n}, {r['speedup']:.2f}x, a scaling efficiency E = S/N of "
+            f"{e:.0%}; a step took {r['step1'] * 1e3:.1f} ms alone and "
+            f"{r['stepn'] * 1e3:.1f} ms among {n}.")
+    if e >= EFFICIENT:
+        limit = f" E is at least {EFFICIENT:.0%}: near-linear, little limited it."
+    elif r["speedup"] <= 1:
+        limit = (f" The {n} processes were no faster than one: what each step among them "
+                 f"added (the all-reduce, waiting for each other"
+                 + (", sharing the cores the one process had to itself" if r["on_cpu"] else "")
                  + ") outgrew the work they divided.")
     else:
-        limit = (f" s is above {ALMOST_PARALLEL}: {serial:.0%} of the one-process epoch did "
-                 f"not shrink with N. What limited it: "
-                 + ("the processes shared this CPU's cores, so more of them brought no more "
-                    "compute, and each step's all-reduce is time the one process never had."
-                    if on_cpu else
-                    f"time the one process never had, each step's all-reduce and waiting for "
-                    f"the slowest rank; if s stayed the same, no number of GPUs would give "
-                    f"more than 1/s = {1 / serial:.1f}x."))
-    return Findings([Finding("speedup", said + limit, holds=s_up > 1)])
+        limit = (f" E is below {EFFICIENT:.0%}. What limited it: each step among {n} cost "
+                 f"{r['overhead'] * 1e3:.1f} ms more than alone, "
+                 + ("and the processes shared this CPU's cores, so more of them brought no "
+                    "more compute." if r["on_cpu"] else
+                    "the all-reduce not hidden behind the backward pass, DDP's host work and "
+                    "waiting for the slowest rank: overhead every process pays on every step, "
+                    "which lowers the efficiency at any N and sets no ceiling."))
+    return Findings([Finding("speedup", said + limit, holds=r["speedup"] > 1)])
 
 
 def accuracy_held(records):

@@ -1,25 +1,27 @@
 """Notebook 08, "Looking back": a self-check of the day's arithmetic.
 
-Six questions a learner who did the day can answer with pen and paper: the samples one
+Seven questions a learner who did the day can answer with pen and paper: the samples one
 optimizer step uses, the learning rate the linear and the square-root rules give, the
-steps an epoch takes on several ranks, and Amdahl's serial fraction and ceiling from a
-measured speed-up. Each answer is computed by the course's own functions (the ones the
-notebooks' runs used: ``data.steps_per_epoch``, ``scaling.scaled_lr``, the serial fraction
-of notebook 02's findings), never written down here, and the check says which answers are
+steps an epoch takes on several ranks, and from a measured speed-up the scaling efficiency,
+each step's overhead among N and the speed-up on more GPUs if that overhead stays the same
+(notebook 02's reading of weak scaling). Each answer is computed by the course's own
+functions or formulas (``data.steps_per_epoch``, ``scaling.scaled_lr``, E = S/N), never
+written down here, and the check says which answers are
 off, and why. The notebook works one example through above the questions, with other
 numbers (``WORKED``): copied as the answer, it fails.
 """
 import math
 
 from workshop_lib import data, scaling
-from workshop_lib.findings.from_one_gpu_to_many import amdahl_speedup, serial_fraction
 from workshop_lib.labs import Exercise, Verdict, register
 
 # The questions' set-up, and the worked example's (the notebook prints it above them).
 ASKED = {"gpus": 4, "batch_size": 64, "accumulate": 2, "lr": 0.1, "lr_ref_batch": 256,
-         "large_batch": 2048, "samples": 60_000, "speedup": 3.0}
+         "large_batch": 2048, "samples": 60_000, "speedup": 3.0, "step_ms": 40.0,
+         "more_gpus": 16}
 WORKED = {"gpus": 2, "batch_size": 32, "accumulate": 1, "lr": 0.1, "lr_ref_batch": 256,
-          "large_batch": 1024, "samples": 60_000, "speedup": 1.6}
+          "large_batch": 1024, "samples": 60_000, "speedup": 1.6, "step_ms": 30.0,
+          "more_gpus": 8}
 RELATIVE_TOLERANCE = 0.01  # an answer within 1% is right: rounding to two digits is fine
 
 QUESTIONS = {
@@ -32,9 +34,13 @@ QUESTIONS = {
     "steps_per_epoch": f"{ASKED['samples']:,} training samples on {ASKED['gpus']} ranks, "
                        f"--batch-size {ASKED['batch_size']}, no accumulation: optimizer steps "
                        f"per epoch",
-    "serial_fraction": f"a job ran {ASKED['speedup']:g}x as fast on {ASKED['gpus']} GPUs as on "
-                       f"one: Amdahl's serial fraction s (Karp-Flatt)",
-    "ceiling": "with that serial fraction, the largest speed-up any number of GPUs could give",
+    "efficiency": f"a job ran {ASKED['speedup']:g}x as fast on {ASKED['gpus']} GPUs as on one, "
+                  f"at the same batch per GPU (each GPU 1/{ASKED['gpus']} of the steps): its "
+                  f"scaling efficiency",
+    "step_overhead_ms": f"its step took {ASKED['step_ms']:g} ms on one GPU: how many ms more "
+                        f"did a step take among the {ASKED['gpus']}?",
+    "speedup_more_gpus": f"if that overhead per step stays the same, the speed-up on "
+                         f"{ASKED['more_gpus']} GPUs",
 }
 WHY = {
     "global_batch": "batch per process x processes x micro-batches per step",
@@ -42,8 +48,11 @@ WHY = {
     "sqrt_lr": "the rate times the square root of k",
     "steps_per_epoch": "each rank draws ceil(samples / ranks), cut into batches, a short last "
                        "batch a step too",
-    "serial_fraction": "s = (N/S - 1)/(N - 1)",
-    "ceiling": "1/s: with N without end, (1 - s)/N goes to 0",
+    "efficiency": "E = S/N",
+    "step_overhead_ms": "a step among N takes the step alone / E; the overhead is the "
+                        "difference",
+    "speedup_more_gpus": "E stays the same, so S = E x N: each of N GPUs runs 1/N of the "
+                         "steps, each step the same time as before",
 }
 
 
@@ -51,15 +60,15 @@ def truth(setup=None):
     """Every answer for ``setup`` (the questions' by default), computed as the course
     computes it."""
     q = setup or ASKED
-    serial = serial_fraction(q["speedup"], q["gpus"])
+    efficiency = q["speedup"] / q["gpus"]
     return {
         "global_batch": q["batch_size"] * q["gpus"] * q["accumulate"],
         "linear_lr": scaling.scaled_lr(q["lr"], "linear", q["large_batch"], q["lr_ref_batch"]),
         "sqrt_lr": scaling.scaled_lr(q["lr"], "sqrt", q["large_batch"], q["lr_ref_batch"]),
         "steps_per_epoch": data.steps_per_epoch(q["samples"], q["gpus"], q["batch_size"]),
-        "serial_fraction": serial,
-        # Amdahl's law with N growing without end: its limit, checked against the law
-        "ceiling": 1 / serial if serial > 0 else math.inf,
+        "efficiency": efficiency,
+        "step_overhead_ms": q["step_ms"] / efficiency - q["step_ms"],
+        "speedup_more_gpus": efficiency * q["more_gpus"],
     }
 
 
@@ -92,10 +101,11 @@ def check(my_answers):
     return Verdict(True, f"all {len(QUESTIONS)} answers right: a step of "
                          f"{expected['global_batch']} samples, rates "
                          f"{expected['linear_lr']:g} (linear) and {expected['sqrt_lr']:.3g} "
-                         f"(square root), {expected['steps_per_epoch']} steps an epoch, s = "
-                         f"{expected['serial_fraction']:.3f} and at most "
-                         f"{expected['ceiling']:.1f}x (Amdahl's law gives "
-                         f"{amdahl_speedup(expected['serial_fraction'], 64):.1f}x on 64 GPUs)",
+                         f"(square root), {expected['steps_per_epoch']} steps an epoch, "
+                         f"E = {expected['efficiency']:.2f}, "
+                         f"{expected['step_overhead_ms']:.1f} ms more a step and "
+                         f"{expected['speedup_more_gpus']:g}x on {ASKED['more_gpus']} GPUs: "
+                         f"overhead per step lowers the efficiency, it sets no ceiling",
                    {"answers": {key: expected[key] for key in QUESTIONS}})
 
 
@@ -113,9 +123,11 @@ def worked_example():
         f"{w['samples']:,} samples on {w['gpus']} ranks, batch {w['batch_size']}: "
         f"ceil({w['samples']:,} / {w['gpus']}) = {-(-w['samples'] // w['gpus']):,} samples "
         f"each, ceil of that / {w['batch_size']} = {a['steps_per_epoch']} steps an epoch.",
-        f"{w['speedup']:g}x on {w['gpus']} GPUs: s = ({w['gpus']}/{w['speedup']:g} - 1)/"
-        f"({w['gpus']} - 1) = {a['serial_fraction']:.2f}; at most 1/s = {a['ceiling']:g}x, "
-        f"however many GPUs."])
+        f"{w['speedup']:g}x on {w['gpus']} GPUs: E = {w['speedup']:g}/{w['gpus']} = "
+        f"{a['efficiency']:g}; a {w['step_ms']:g} ms step alone took {w['step_ms']:g}/"
+        f"{a['efficiency']:g} = {w['step_ms'] / a['efficiency']:g} ms among them, "
+        f"{a['step_overhead_ms']:g} ms more; with that overhead per step on {w['more_gpus']} "
+        f"GPUs, S = {a['efficiency']:g} x {w['more_gpus']} = {a['speedup_more_gpus']:g}x."])
 
 
 def questions():
@@ -132,7 +144,7 @@ def shown():
 
 
 register(Exercise("self_check", "08_looking_back", "the day's arithmetic, checked",
-                  writes="my_answers: six numbers worked out from the day's rules",
+                  writes="my_answers: seven numbers worked out from the day's rules",
                   check=check, stub=lambda: dict.fromkeys(QUESTIONS), solution=solution,
                   shown=shown, stub_reason="answer every question",
                   earlier_runs=lambda **_: [truth(WORKED)]))
