@@ -330,7 +330,8 @@ def start(target, nnodes="2", nproc="auto", max_restarts=0, env=None, quiet=Fals
                                          if k != "LOGLEVEL") + " " + shlex.join(command)
              for node, (command, node_env) in enumerate(zip(commands, envs, strict=True))]
     return NodesJob(run_commands,
-                    [{**os.environ, "PYTHONUNBUFFERED": "1", **node_env} for node_env in envs],
+                    [{**launch.NCCL_FAIL_FAST_ENV, **launch.flight_recorder_env(log_dir),
+                      **os.environ, "PYTHONUNBUFFERED": "1", **node_env} for node_env in envs],
                     log_dir, shown, quiet, stream)
 
 

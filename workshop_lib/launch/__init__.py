@@ -47,6 +47,19 @@ from workshop_lib.errors import CourseError
 # errors.record_errors); both, 20 of 20, each resumed run bit-identical to the
 # uninterrupted one (tests/test_reliability.py checks that).
 RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# On GPUs a collective that times out is ended by NCCL's watchdog thread, not by Python:
+# it logs the collective, has the Flight Recorder dump each rank's last collectives, sleeps
+# 4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC (60 s by default) and takes the process down with
+# SIGABRT (torch 2.11-2.14, ProcessGroupNCCL.cpp, Watchdog::runLoop). Mode 3 rethrows
+# without aborting the communicators (torchrun's 1 can hang in ncclCommAbort); 4 s a dump
+# attempt ends a rank within its timeout + about 25 s. A learner's own settings win.
+NCCL_FAIL_FAST_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+                      "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "4000"}
+FLIGHT_RECORDER = "flight_recorder"  # in the log folder: rank_<global rank>, one per rank
+# ProcessGroupNCCL's own words for a timed-out collective (WorkNCCL::checkTimeout).
+WATCHDOG = re.compile(r"\[Rank (\d+)\] Watchdog caught collective operation timeout: "
+                      r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+), NumelIn=(\d+), "
+                      r"NumelOut=(\d+), Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds")
 SIGNALS = {-s.value: s.name for s in signal.Signals}
 # The last line of a Python traceback: "RuntimeError: ...", "torch.OutOfMemoryError: ...".
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt)\b.*: ")
@@ -159,7 +172,39 @@ def _root_cause(torchrun_output, log_dir, rank_of=local_rank_of):
             errors = [line[len("error: "):] for line in lines if line.startswith("error: ")]
             raised = [line for line in lines if EXCEPTION_LINE.match(line)]
             message = (errors or raised or [message])[-1]
+    message = watchdog_timeout(log_dir, rank, rank_of) or message
     return rank, int(exitcode[1]) if exitcode else None, message
+
+
+def flight_recorder_env(log_dir):
+    """Where each rank's Flight Recorder dump goes (torch reads the first name, 2.11 the
+    second too): ``<log_dir>/flight_recorder/rank_<rank>``."""
+    folder = Path(log_dir) / FLIGHT_RECORDER
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/rank_",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/rank_"}
+
+
+def watchdog_timeout(log_dir, rank=None, rank_of=local_rank_of):
+    """NCCL's watchdog's report of a timed-out collective in the ranks' logs (``rank``'s if
+    given), as a sentence that names the collective and where the Flight Recorder's dumps
+    are; None where no rank's log has one."""
+    for path in sorted(Path(log_dir).glob("*/attempt_*/*/stderr.log")):
+        if rank is not None and rank_of(path) != rank:
+            continue
+        found = WATCHDOG.search(path.read_text(errors="replace"))
+        if found:
+            who, seq, op, numel, _, timeout_ms, ran_ms = found.groups()
+            said = (f"NCCL's watchdog: rank {who}'s {op} (collective #{seq} of its process "
+                    f"group, {int(numel):,} elements) ran {int(ran_ms) / 1000:.0f} s, past its "
+                    f"{int(timeout_ms) / 1000:.0f} s timeout, and it took the process down")
+            dumps = sorted(Path(log_dir).glob(f"**/{FLIGHT_RECORDER}/rank_*"))
+            if dumps:
+                folder = dumps[0].parent
+                said += (f"; each rank's last collectives: torchfrtrace {folder} -p rank_ "
+                         f"(the Flight Recorder)")
+            return said
+    return None
 
 
 def check_port_free(port, host="127.0.0.1"):
@@ -201,7 +246,8 @@ def start(target, nproc="auto", max_restarts=0, env=None, quiet=False, stream=No
     command = [str(torchrun), *rendezvous, f"--nproc-per-node={nproc}",
                f"--max-restarts={max_restarts}", "--redirects=3", f"--log-dir={log_dir}",
                *target]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **RESTART_SAFE_ENV, **(env or {})}
+    full_env = {**NCCL_FAIL_FAST_ENV, **flight_recorder_env(log_dir), **os.environ,
+                "PYTHONUNBUFFERED": "1", **RESTART_SAFE_ENV, **(env or {})}
     return Job(command, full_env, log_dir, quiet, stream or sys.stdout)
 
 
