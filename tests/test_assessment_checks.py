@@ -18,6 +18,7 @@ import json
 import random
 import re
 import sys
+import types
 from array import array
 
 import nbformat
@@ -1162,3 +1163,25 @@ def test_the_launch_cell_runs_torchrun_and_summarises_the_job(tmp_path, monkeypa
     assert shown[-1].endswith("job.py on 2 CPU processes: rank 1 failed first (exit code 1): "
                               "ValueError: boom")
     assert not any("Traceback" in line or "Root Cause" in line for line in shown)
+
+
+def test_a_pass_is_timed_once_the_gpu_has_run_what_was_queued(monkeypatch):
+    """CUDA runs asynchronously: without a synchronisation a pass over the training set
+    would end when its last step was launched. Where CUDA is in use the recorder waits for
+    the GPU at each pass's start and end (a CPU job has nothing to wait for)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: waited.append("sync"))
+    train = TensorDataset(torch.arange(8.0))
+    recorder = types.SimpleNamespace(splits={id(train): "train"}, recording=True, passes=[],
+                                     handed_out=[])
+    undo = ddp_recorder.patch_dataloader_iterators(recorder)
+    try:
+        batches = list(DataLoader(train, batch_size=4))
+    finally:
+        undo()
+    assert len(batches) == 2 and waited == ["sync", "sync"]
+    assert recorder.passes[0]["seconds"] >= 0 and len(recorder.handed_out) == 2

@@ -168,6 +168,14 @@ def patch_dataloader_iterators(recorder):
     base = dataloader._BaseDataLoaderIter
     originals = base.__init__, base._reset, base._next_index, base.__next__
     original_init, original_reset, original_next_index, original_next = originals
+    import torch
+
+    def settled():
+        """Now, once the GPU has run what was queued: CUDA runs asynchronously, so a pass
+        would otherwise end when its last step was launched, not when it was computed."""
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def start_pass(iterator, dataset):
         iterator._ddp_recorder_pass = None
@@ -180,7 +188,7 @@ def patch_dataloader_iterators(recorder):
             iterator._ddp_recorder_pass = (batches, resolve)
             iterator._ddp_recorder_record = record
             iterator._ddp_recorder_handed = 0
-            iterator._ddp_recorder_start = time.perf_counter()
+            iterator._ddp_recorder_start = settled()
 
     def __init__(iterator, loader, *args, **kwargs):
         # Before the original: a multi-worker iterator draws indices in __init__.
@@ -209,7 +217,7 @@ def patch_dataloader_iterators(recorder):
         except StopIteration:
             if current:  # the pass is over: its time, from the iterator's start
                 iterator._ddp_recorder_record["seconds"] = (
-                    time.perf_counter() - iterator._ddp_recorder_start)
+                    settled() - iterator._ddp_recorder_start)
             raise
         if current:
             # Batches come out in the order their indices were drawn (DataLoader's
