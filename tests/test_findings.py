@@ -269,6 +269,18 @@ def test_precision_and_remedy_verdicts_follow_their_bars():
     found = nb05.precision(on_gpu)
     assert found["bf16_speed"].holds and found["fp16_speed"].holds is False
     assert "bar: 1.1x" in found["fp16_speed"].text
+    # On the H200 (GPU-FACTS.md) bf16 ran 0.95x fp32 at the profile's batch, its fp32 step
+    # launch-bound: not judged, and why; a step busy on the GPU is judged as above.
+    on_gpu["bf16"].epochs[-1]["samples_per_s"] = 950
+    for name, peak in (("fp32", 900.0), ("bf16", 600.0), ("fp16", 620.0)):
+        on_gpu[name].epochs[-1]["peak_memory_mib"] = peak
+    launch_bound = {"ranks": [{"median": {"step_ms": 17.8, "gpu_idle_ms": 13.4}}]}
+    found = nb05.precision(on_gpu, launch_bound)
+    assert found["bf16_speed"].holds is None and "launch-bound" in found["bf16_speed"].text
+    assert "0.95x" in found["bf16_speed"].text and "75% of it" in found["bf16_speed"].text
+    assert "0.67x its training step's peak" in found["bf16"].text
+    busy = {"ranks": [{"median": {"step_ms": 17.8, "gpu_idle_ms": 1.8}}]}
+    assert nb05.precision(on_gpu, busy)["bf16_speed"].holds is False
     found = nb05.remedies({"plain": with_memory(0.98, 10.0, 1000),
                                "accumulate": with_memory(0.98, 2.5, 900),
                                "bf16": with_memory(0.98, 7.0, 1100)}, "plain")
@@ -311,15 +323,33 @@ def test_dataparallel_and_step_time_verdicts():
     summary["floor"] = {"floor_ms": 2.0}  # the trace's own fit
     assert "exposed is 2.0x it" in nb05.step_time(summary)["step_time"].text
 
-    # A fast GPU's step that leaves the GPU idle between kernels is named launch-bound: the
-    # gaps account for what compute and exposed communication do not.
-    median.update({"step_ms": 12.0, "gpu_idle_ms": 8.0})
-    median["accounted"]["median"] = 0.35
+    # On a GPU its idle time is the host's, counted with compute and exposed communication,
+    # and its share always said: a fast GPU's step idle between kernels is launch-bound
+    # (the H200's, GPU-FACTS.md: 4.4 ms of kernels, 13.4 idle in a 17.8 ms step) ...
+    median.update({"measured_ms": 17.8, "step_ms": 17.8, "compute_ms": 4.4,
+                   "communication_ms": 0.0, "overlapped_ms": 0.0, "exposed_ms": 0.0,
+                   "gpu_idle_ms": 13.4})
+    median["accounted"]["median"] = 4.4 / 17.8
+    summary.pop("floor")
     found = nb05.step_time(summary)["step_time"]
-    assert found.holds and "LAUNCH-BOUND" in found.text and "idle 8.00 ms" in found.text
-    median["gpu_idle_ms"] = 2.0  # the GPU busy most of the step: the shortfall stays one
+    assert found.holds and "LAUNCH-BOUND" in found.text and "idle 13.40 ms" in found.text
+    assert "(75%)" in found.text and "= 1.00x the measured step" in found.text
+    # ... one idle a third of its step sets part of its pace, held to the same account ...
+    median.update({"compute_ms": 11.8, "gpu_idle_ms": 6.0})
+    median["accounted"]["median"] = 11.8 / 17.8
     found = nb05.step_time(summary)["step_time"]
-    assert not found.holds and "LAUNCH-BOUND" not in found.text
+    assert found.holds and "LAUNCH-BOUND" not in found.text and "(34%)" in found.text
+    assert "the host sets part of the step's pace" in found.text
+    # ... one busy all but a tenth of it is the GPU's ...
+    median.update({"compute_ms": 16.0, "gpu_idle_ms": 1.8})
+    median["accounted"]["median"] = 16.0 / 17.8
+    found = nb05.step_time(summary)["step_time"]
+    assert found.holds and "(10%)" in found.text and "the GPU's work sets the step's pace" \
+        in found.text
+    # ... and a trace that explains only half the measured step fails the account.
+    median.update({"measured_ms": 35.6})
+    median["accounted"]["median"] = 16.0 / 35.6
+    assert not nb05.step_time(summary)["step_time"].holds
 
 
 def test_input_bound_judges_the_share_of_the_step_spent_waiting():

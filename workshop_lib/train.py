@@ -169,12 +169,13 @@ def fit(args, device):
             train_sums, saved_bytes = train_epoch(model, train_loader, optimizer, scheduler,
                                                   precision, args.accumulate, args.progress)
         epoch_s = epoch_clock.seconds
+        peak_mib = memory.peak_mib(device)  # training's own: evaluation's batches are larger
         val_sums = evaluate(model, val_loader)
 
         record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,
                                       global_batch_size, epoch_s, time.perf_counter() - start,
                                       saved_activation_bytes=saved_bytes,
-                                      peak_memory_mib=memory.peak_mib(device))
+                                      peak_memory_mib=peak_mib)
         log.epoch(record)
         checkpoint.save_atomic(checkpoint.training_state(model, optimizer, scheduler, epoch,
                                                           None, precision),

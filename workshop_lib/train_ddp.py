@@ -204,6 +204,7 @@ def fit(args, device, rank, world_size):
                                                   precision, args.accumulate,
                                                   args.progress and is_rank0)
         epoch_s = epoch_clock.seconds
+        peak_mib = memory.peak_mib(device)  # training's own: evaluation's batches are larger
         # BatchNorm running statistics are buffers each rank updates from its own batches:
         # give every rank rank 0's, so all evaluate (and rank 0 saves) the same model.
         for buffer in model.module.buffers():
@@ -216,7 +217,7 @@ def fit(args, device, rank, world_size):
         record = metrics.epoch_record(epoch, train_sums, val_sums, lr_now, world_size,
                                       global_batch_size, epoch_s, time.perf_counter() - start,
                                       saved_activation_bytes=saved_bytes,
-                                      peak_memory_mib=memory.peak_mib(device))
+                                      peak_memory_mib=peak_mib)
         log.epoch(record)
         if is_rank0:  # the unwrapped model's state loads without DDP
             checkpoint.save_atomic(

@@ -323,7 +323,8 @@ def scaling_efficiency(baseline, scaled):
         predicted = ", ".join(f"{e * p:.1f}x on {p}" for p in PREDICT_AT)
         outlook = (f"If the overhead stays {r['overhead'] * 1e3:.1f} ms a step as N grows (a "
                    f"ring all-reduce moves 2(N-1)/N times the gradient per rank, under twice "
-                   f"it whatever N, over links of the same speed), E stays {e:.2f}: {predicted}, a straight line. "
+                   f"it whatever N, over links of the same speed), E stays {e:.2f}: "
+                   f"{predicted}, a straight line. "
                    f"What bends it is overhead that grows with N (a slower link between "
                    f"nodes, more ranks to wait for) and the serial work outside the epoch "
                    f"(start-up, evaluation on one rank), which Amdahl's law describes and "

@@ -14,13 +14,18 @@ def _saved_mib(run):
     return run.epochs[0]["saved_activation_bytes"] / 2**20
 
 
-def precision(runs):
+def precision(runs, trace=None):
     """fp32 against bf16 and fp16 (``runs``: name -> Run; "fp32" is the reference): the
-    accuracy each keeps, and, on a GPU, whether it is faster (``FASTER``). On a CPU the speed
-    is printed, not judged: bf16 there depends on the processor and fp16 is emulated, so a
-    CPU's number says nothing about a GPU's Tensor Cores."""
+    accuracy each keeps, the activations it saves for backward and its training step's own
+    peak, and, on a GPU, whether it is faster (``FASTER``), unless the fp32 step is
+    launch-bound (``trace``: section 5's summary, where given): lower precision shortens the
+    GPU's kernels, not the host's launching of them. On a CPU the speed is printed, not
+    judged: bf16 there depends on the processor and fp16 is emulated, so a CPU's number says
+    nothing about a GPU's Tensor Cores."""
     base = runs["fp32"]
     on_gpu = str(base.start.get("device", "cpu")).startswith("cuda")
+    step = trace["ranks"][0]["median"] if trace else None
+    idle = step and step.get("gpu_idle_ms")
     found = Findings()
     for name in ("bf16", "fp16"):
         if name not in runs:
@@ -28,13 +33,23 @@ def precision(runs):
         run = runs[name]
         speed = run.samples_per_s / base.samples_per_s
         saved = _saved_mib(run) / _saved_mib(base)
+        peaks = run.final.get("peak_memory_mib"), base.final.get("peak_memory_mib")
+        peak = f", {peaks[0] / peaks[1]:.2f}x its training step's peak" if all(peaks) else ""
         delta = 100 * (run.final["val_acc"] - base.final["val_acc"])
         found.append(Finding(
             name, f"{name}: {speed:.2f}x fp32's samples/s, {saved:.2f}x its activations saved "
-                  f"for backward, validation accuracy {delta:+.1f} pp ("
+                  f"for backward{peak}, validation accuracy {delta:+.1f} pp ("
                   + ("the same within" if abs(delta) < SAME_ACC_PP else "more than")
                   + f" {SAME_ACC_PP} pp).", holds=abs(delta) < SAME_ACC_PP))
-        if on_gpu:
+        if on_gpu and idle and timeline.launch_bound(step):
+            found.append(Finding(
+                f"{name}_speed", f"{name} on the GPU: {speed:.2f}x fp32's samples/s, not "
+                                 f"judged: the fp32 step is launch-bound (its GPU idle "
+                                 f"{idle / step['step_ms']:.0%} of it in section 5's trace), and "
+                                 f"{name} shortens only the GPU's kernels, not the host's "
+                                 f"launching of them. Where the GPU has work (a larger batch "
+                                 f"per GPU) it can pay.", holds=None))
+        elif on_gpu:
             found.append(Finding(
                 f"{name}_speed", f"{name} on the GPU: {speed:.2f}x fp32's samples/s, "
                                  + ("faster" if speed >= FASTER else "not faster")
@@ -132,30 +147,45 @@ def dataparallel(result, why_skipped=None):
 
 
 ACCOUNTED = 0.2  # compute + exposed communication within this share of the measured step
+HOST_BOUND = 0.2  # a GPU idle more than this share of its step: the host sets part of its pace
 
 
 def step_time(summary, floor_ms=None):
     """``python -m workshop_lib.trace``'s summary: where rank 0's median step went; against
     the all-reduce floor for the model's gradients: ``floor_ms``, or the one the trace
-    fitted on its own ranks (none with one rank)."""
+    fitted on its own ranks (none with one rank). On a GPU the time it sat idle is the
+    host's (launching kernels, Python, DDP's hooks), counted with compute and exposed
+    communication, and its share always said."""
     if floor_ms is None and summary.get("floor"):
         floor_ms = summary["floor"]["floor_ms"]
     rank0 = summary["ranks"][0]["median"]
     accounted = rank0["accounted"]["median"]
-    launch_bound = timeline.launch_bound(rank0)
-    # A launch-bound step is accounted for by its GPU's idle gaps, which neither compute
-    # nor communication covers: named, it is explained.
-    holds = abs(accounted - 1) <= ACCOUNTED or launch_bound
+    idle = rank0.get("gpu_idle_ms")
     said = (f"Rank 0's median step: {rank0['measured_ms']:.2f} ms measured; compute "
             f"{rank0['compute_ms']:.2f} ms, gradient all-reduce {rank0['communication_ms']:.2f} "
             f"ms, of it {rank0['overlapped_ms']:.2f} ms beside compute and "
-            f"{rank0['exposed_ms']:.2f} ms exposed (the step waited). Compute + exposed = "
-            f"{accounted:.2f}x the measured step (the bar: within {ACCOUNTED:.0%}).")
-    if launch_bound:
-        said += (f" The GPU sat idle {rank0['gpu_idle_ms']:.2f} ms of the "
-                 f"{rank0['step_ms']:.2f} ms step, between and before its kernels: the step is "
-                 f"LAUNCH-BOUND (the CPU issues kernels slower than the GPU runs them), so its "
-                 f"time is the host's; a larger batch per GPU would cost little more.")
+            f"{rank0['exposed_ms']:.2f} ms exposed (the step waited)")
+    if idle is None:  # a CPU: no device to sit idle; what is left over is Python or waiting
+        said += (f". Compute + exposed = {accounted:.2f}x the measured step (the bar: within "
+                 f"{ACCOUNTED:.0%}).")
+    else:
+        accounted += idle / rank0["measured_ms"]
+        share = idle / rank0["step_ms"]
+        said += (f"; the GPU sat idle {idle:.2f} ms of the {rank0['step_ms']:.2f} ms step "
+                 f"({share:.0%}), between and before its kernels: host time. Compute + "
+                 f"exposed + idle = {accounted:.2f}x the measured step (the bar: within "
+                 f"{ACCOUNTED:.0%}).")
+        if timeline.launch_bound(rank0):
+            said += (" The step is LAUNCH-BOUND (the CPU issues kernels slower than the GPU "
+                     "runs them), so its time is the host's; a larger batch per GPU would "
+                     "cost little more.")
+        elif share > HOST_BOUND:
+            said += (f" Over {HOST_BOUND:.0%} idle: the host sets part of the step's pace; "
+                     f"a larger batch per GPU, fewer and larger kernels (channels_last, "
+                     f"torch.compile) or CUDA graphs would fill the gaps.")
+        else:
+            said += f" At most {HOST_BOUND:.0%} idle: the GPU's work sets the step's pace."
+    holds = abs(accounted - 1) <= ACCOUNTED
     if floor_ms is not None:
         said += (f" The all-reduce floor for {summary['setup']['gradient_bytes'] / 2**20:.2f} "
                  f"MB of gradients here: {floor_ms:.2f} ms; exposed is "
