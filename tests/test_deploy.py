@@ -137,6 +137,23 @@ def test_the_batch_script_is_valid_bash():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_batch_script_refuses_gpu_ranks_without_their_cpus(tmp_path):
+    """4 GPUs on a node with the header's 2 CPUs: the job stops at once and says what to
+    ask for, before any rendezvous; with 16 CPUs it goes on (here to the SLURM commands,
+    which find no job)."""
+    env = {"PATH": os.environ["PATH"], "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "2"}
+    refused = subprocess.run(["bash", str(DEPLOY / "train_ddp.sbatch")], capture_output=True,
+                             text=True, env=env, cwd=tmp_path, timeout=30)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        "error: 4 GPU ranks would share 2 CPUs; ask for CPUs and memory with the GPUs: "
+        "sbatch --gpus-per-node=4 --cpus-per-task=16 --mem-per-gpu=16G "
+        "deploy/train_ddp.sbatch"), refused.stderr
+    enough = subprocess.run(["bash", str(DEPLOY / "train_ddp.sbatch")], capture_output=True,
+                            text=True, env={**env, "SLURM_CPUS_PER_TASK": "16"}, cwd=tmp_path,
+                            timeout=30)
+    assert "would share" not in enough.stderr
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     reason = slurm.missing()
