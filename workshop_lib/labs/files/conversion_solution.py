@@ -94,7 +94,7 @@ def main():
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
+        dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
