@@ -352,6 +352,47 @@ def test_dataparallel_and_step_time_verdicts():
     assert not nb05.step_time(summary)["step_time"].holds
 
 
+def knee_curve(device, rates, out_of_memory_at=None):
+    """A ``throughput.measure`` result: ``rates`` {batch: samples/s}, the step's time from it."""
+    return {"model": "wrn-16-4", "device": device, "out_of_memory_at": out_of_memory_at,
+            "samples_per_s": rates, "step_ms": {b: 1000 * b / r for b, r in rates.items()}}
+
+
+# Recorded on one H200 (BENCHMARKS.md, "The course on one GPU"): wrn-16-4, fp32, batches
+# resident; its trace at batch 128 left the GPU idle 13.4 of a 17.8 ms step.
+LAUNCH_BOUND_GPU = {128: 17_400, 256: 29_000, 512: 31_900}
+LAUNCH_BOUND_TRACE = {"setup": {"batch_size": 128},
+                      "ranks": [{"median": {"gpu_idle_ms": 13.4, "step_ms": 17.8}}]}
+
+
+def test_the_knee_reads_a_launch_bound_gpu_below_its_knee_and_quotes_the_trace():
+    found = nb05.knee(knee_curve("cuda:0", LAUNCH_BOUND_GPU), 256, 128,
+                      LAUNCH_BOUND_TRACE)["knee"]
+    assert found.holds
+    # 256 / 17,400 s against 128 / 29,000 s: a step twice the samples, 1.2x the time
+    assert "A step there took 1.2x as long as one at batch 128, for 2x the samples" in found.text
+    assert "below the knee; the knee's batch trains 1.7x as many samples a second" in found.text
+    assert "the GPU idle 75% of a step" in found.text
+
+
+def test_the_knee_says_a_filled_device_is_filled_and_corrects_a_wrong_knee():
+    flat = knee_curve("cuda:0", {128: 9_500, 256: 9_800, 512: 9_900})
+    found = nb05.knee(flat, 128, 128)["knee"]
+    assert found.holds and "at or past the knee: the device is filled" in found.text
+    wrong = nb05.knee(flat, 512, 128)["knee"]
+    assert not wrong.holds and "the knee is batch 128" in wrong.text
+
+
+def test_the_knee_names_a_curve_still_rising_one_cut_by_memory_and_a_missing_answer():
+    rising = knee_curve("cuda:0", {16: 1_000, 32: 2_000, 64: 3_900}, out_of_memory_at=128)
+    found = nb05.knee(rising, 64, 16)["knee"]
+    assert found.holds and "still rising at its largest batch" in found.text
+    assert "Batch 128 did not fit in the GPU's memory" in found.text
+    assert "trace" not in found.text  # no trace given: nothing said of one
+    missing = nb05.knee(rising, None, 16)["knee"]
+    assert not missing.holds and "my_knee gave None, not a batch of the curve" in missing.text
+
+
 def test_input_bound_judges_the_share_of_the_step_spent_waiting():
     measured = {"device": "cuda:0", "num_workers": 0, "pin_memory": True,
                 "samples_per_s": {"resident": 10000.0, "data_loader": 4000.0}}

@@ -19,13 +19,14 @@ import pytest
 import torch
 
 from conftest import REPO, run_course_command
-from workshop_lib import plans
+from workshop_lib import plans, profile
 from workshop_lib.gpu_check import (
     budget,
     environment,
     failures,
     full,
     library,
+    probes,
     process,
     report,
     smoke,
@@ -339,7 +340,7 @@ def test_each_notebook_fits_its_sessions_gpu_minutes_on_the_day():
 LAUNCHING_CHECKS = ("conversion", "from_scratch", "challenge", "debugging", "eval_debugging",
                     "overlap", "buckets", "zero1")
 CHECKS_IN_THE_KERNEL = ("welcome", "sgd", "sampler", "stuck_ranks", "eval_stuck",
-                        "fit_in_memory", "sbatch_header", "self_check")
+                        "fit_in_memory", "knee", "sbatch_header", "self_check")
 PYTHON_LAUNCH = re.compile(r"\b(?:launch|nodes)\.(?:run|start)\(|\blabs\.check\(\"("
                            + "|".join(LAUNCHING_CHECKS) + r")\"|^\s*!.*\b(?:torchrun|"
                            r"python -m workshop_lib\.)", re.MULTILINE)
@@ -946,11 +947,18 @@ def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
     a GPU."""
     wanted = ("equivalence, 1 rank on CUDA [item 1]",
               "conversion reference, 1 rank on CUDA [item 2]", "trace on CUDA, 1 rank [item 3]",
-              smoke.FP32_RUN)
+              "the profile's speed: the knee, precision and layout", smoke.FP32_RUN)
     chosen = [step for step in smoke.steps() if step.name in wanted]
     outcomes = steps.run_steps(context(tmp_path, rehearsal=True), chosen, say=lambda line: None)
-    assert [o.status for o in outcomes] == [PASS] * 4, [(o.name, o.reason) for o in outcomes]
-    equivalence, conversion, trace, run = outcomes  # in the smoke's order
+    assert [o.status for o in outcomes] == [PASS] * 5, [(o.name, o.reason) for o in outcomes]
+    equivalence, conversion, trace, speed, run = outcomes  # in the smoke's order
+    # The CPU profile's sizes: the curve around its batch, its knee one of the batches, and
+    # the four precision x layout variants at the profile's batch, against fp32.
+    assert speed.values["batch_size"] == profile.SIZES[("cpu", "digits")].batch_size
+    assert str(speed.values["knee"]) in speed.values["knee_curve"]["samples_per_s"]
+    assert set(speed.values["at_profile_batch"]) == {name for name, *_ in probes.SPEED_VARIANTS}
+    assert any(f"the knee (the smallest batch within 10% of the best): batch "
+               f"{speed.values['knee']}" in line for line in speed.figures)
     assert set(equivalence.values["max_abs_difference"]) == {"bn_free", "batchnorm"}
     assert equivalence.values["tf32"] is False  # cuDNN allows TF32 by default: turned off
     assert trace.values["events"]["step_spans_user_annotation"] == 3  # library.trace's steps

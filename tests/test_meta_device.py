@@ -59,6 +59,7 @@ from workshop_lib import (
     models,
     naive_ddp,
     shards,
+    throughput,
     train,
     train_ddp,
     uneven_inputs,
@@ -296,6 +297,16 @@ def input_feeds(device, monkeypatch, tmp_path):
     assert measured["steps"] == 2
 
 
+def knee_curve(device, monkeypatch, tmp_path):
+    """``workshop_lib.throughput``: the step at each batch per device (notebook 05's knee)."""
+    train_set, _, info = data.load("digits")
+    torch.manual_seed(0)
+    model = models.build("cnn", info).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    measured = throughput.curve(model, optimizer, train_set, device, [4, 8], steps=2, rounds=1)
+    assert sorted(measured["samples_per_s"]) == [4, 8]
+
+
 def equivalence_helpers(device, monkeypatch, tmp_path):
     """``workshop_lib.equivalence``: the ranks' batches, DDP against one process for each
     variant (SyncBatchNorm included: without a process group it normalises as BatchNorm
@@ -360,6 +371,7 @@ CASES = {
     "trace: the profiled step": trace_step,
     "equivalence: DDP against one process, accumulation": equivalence_helpers,
     "input pipeline: a DataLoader against the resident loader": input_feeds,
+    "throughput: the step at each batch per device": knee_curve,
 }
 
 

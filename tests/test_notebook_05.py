@@ -63,3 +63,13 @@ def test_the_input_bound_check_measures_both_feeds_and_says_so_twice(executed):
     sentence = nb05.input_bound(measured)["input_bound"].text
     # In the section's own cell and in the closing summary.
     assert text.count(sentence) == 2, sentence
+
+
+def test_the_knee_curve_spans_the_profiles_batch_and_the_reference_finds_its_knee(executed):
+    _, text = executed
+    assert "PASS: my_knee finds the knee of 5 curves" in text
+    found = [line for line in text.splitlines() if "Your knee: batch" in line]
+    assert found, "the knee's finding reads this machine's curve with the learner's my_knee"
+    assert f"The profile trains at batch {P.batch_size} per device" in found[0]
+    # The reference's knee is the rule's, so the finding adds no correction.
+    assert "By the rule" not in found[0]

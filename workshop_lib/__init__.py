@@ -44,6 +44,7 @@ Measurements
 - ``equivalence``    ranks against one process (BatchNorm), micro-batches against one batch
 - ``dataparallel``   ``nn.DataParallel`` against DDP on the same GPUs
 - ``input_pipeline`` a step fed by a DataLoader against data on the device (notebook 05)
+- ``throughput``     samples/s against the batch per device: the knee (notebook 05)
 - ``noise_scale``    the gradient noise scale: past it a larger batch buys little (notebook 03)
 - ``naive_ddp``      data parallelism from two collectives, checked against DDP
 - ``uneven_inputs``  ranks with unequal batches: the hang, equal steps and ``Join`` (notebook 06)

@@ -228,7 +228,7 @@ PRECISION_RUNS, REMEDY_RUNS = 3, 4  # the runs of the precision and remedies swe
 def worked_example(p, epochs):
     """Notebook 05's runs: precision and remedies on one device, the largest batch (GPU
     only) and the exercise's check in the kernel, DDP launches of the profile's shape,
-    DataParallel on the profile's GPUs, the input feed's measurement."""
+    DataParallel on the profile's GPUs, the knee's curve and the input feed's measurements."""
     big = REMEDY_SCALE * p.batch_size
     launches = [Launch("precision", p.device, batch_size=p.batch_size,
                        steps=_steps(p, epochs, p.batch_size), runs=PRECISION_RUNS,
@@ -250,7 +250,8 @@ def worked_example(p, epochs):
         gpus, skip = p.nproc, None
         launches.append(Launch("dataparallel", "cuda", gpus, backend="nccl",
                                batch_size=p.batch_size, in_kernel=True))
-    launches += [_ddp("trace", p), Launch("input_feed", p.device, in_kernel=True)]
+    launches += [_ddp("trace", p), Launch("knee", p.device, in_kernel=True),
+                 Launch("input_feed", p.device, in_kernel=True)]
     return WorkedExample(big, gpus, skip, launches)
 
 

@@ -240,3 +240,50 @@ def _input_remedy(measured):
                            f"not more than {REMEDY_FASTER:.0%}: the workers share the host's "
                            f"cores with the step, or there was little input time to win."),
         holds=gain > REMEDY_FASTER)])
+
+
+KNEE_SHARE = 0.9  # the knee: the smallest batch per device within 10% of the best samples/s
+
+
+def knee(measured, my_knee_batch, profile_batch, trace=None):
+    """``throughput.measure``'s curve, read at the learner's knee (``my_knee_batch``, from
+    their ``my_knee``): how much faster per sample the batches up to it train, what a step's
+    time is made of below it, where the profile's batch per device stands, and, where
+    section 5's ``trace`` ran on a GPU, the idle share it saw. ``holds``: the learner's knee
+    is the curve's (the smallest batch within ``KNEE_SHARE`` of the best)."""
+    rates, step_ms = measured["samples_per_s"], measured["step_ms"]
+    batches = sorted(rates)
+    best = max(rates.values())
+    the_knee = min(b for b in batches if rates[b] >= KNEE_SHARE * best)
+    smallest = batches[0]
+    said = (f"On {measured['device']}, {measured['model']} trained {rates[smallest]:,.0f} "
+            f"samples/s at batch {smallest} per device and at best {best:,.0f} (batch "
+            f"{max(rates, key=rates.get)}).")
+    if my_knee_batch not in rates:
+        return Findings([Finding("knee", said + f" my_knee gave {my_knee_batch!r}, not a "
+                                         f"batch of the curve: the exercise above.",
+                                 holds=False)])
+    k = my_knee_batch
+    said += (f" Your knee: batch {k}. A step there took {step_ms[k] / step_ms[smallest]:.1f}x "
+             f"as long as one at batch {smallest}, for {k // smallest}x the samples: below "
+             f"the knee most of a step is its fixed cost (Python, the optimizer's loop, on a "
+             f"GPU the kernel launches), past it the arithmetic.")
+    if k == batches[-1]:
+        said += " The curve was still rising at its largest batch: the knee is there or past it."
+    if measured.get("out_of_memory_at"):
+        said += (f" Batch {measured['out_of_memory_at']} did not fit in the GPU's memory: the "
+                 f"curve ends before it.")
+    if profile_batch in rates:
+        gain = rates[k] / rates[profile_batch]
+        said += (f" The profile trains at batch {profile_batch} per device: "
+                 + (f"below the knee; the knee's batch trains {gain:.1f}x as many samples a "
+                    f"second, where the accuracy of notebook 03 allows the larger global batch."
+                    if profile_batch < k else "at or past the knee: the device is filled."))
+    step = trace["ranks"][0]["median"] if trace else None
+    if step and step.get("gpu_idle_ms") is not None:
+        said += (f" Section 5's trace, at batch {trace['setup']['batch_size']}: the GPU idle "
+                 f"{step['gpu_idle_ms'] / step['step_ms']:.0%} of a step, the host's share.")
+    if k != the_knee:
+        said += (f" By the rule (the smallest batch within {1 - KNEE_SHARE:.0%} of the best) "
+                 f"the knee is batch {the_knee}.")
+    return Findings([Finding("knee", said, holds=k == the_knee)])

@@ -4,6 +4,7 @@ never holds a CUDA context):
 
     python -m workshop_lib.gpu_check.probes cuda-info --out F.json
     python -m workshop_lib.gpu_check.probes largest-batch --out F.json
+    python -m workshop_lib.gpu_check.probes speed --out F.json [--device cpu]
 """
 import json
 import sys
@@ -49,14 +50,77 @@ def largest_batches():
     return rows
 
 
-PROBES = {"cuda-info": cuda_info, "largest-batch": largest_batches}
+SPEED_IMAGES = 4096  # random images of the dataset's shape: times do not depend on values
+SPEED_VARIANTS = (("fp32", "off", False), ("fp32 channels_last", "off", True),
+                  ("bf16", "bf16", False), ("bf16 channels_last", "bf16", True))
+
+
+def speed(device="cuda"):
+    """The GPU profile's model (the CPU profile's, rehearsed on the CPU) on random images of
+    its dataset's shape, so that no download is needed: samples/s against the batch per
+    device around the profile's batch (notebook 05's knee), then at the profile's batch
+    fp32 and bf16, each NCHW and channels_last (each variant a fresh model, timed by
+    ``throughput.curve``)."""
+    from torch.utils.data import TensorDataset
+
+    from workshop_lib import data, models, optim, profile, throughput
+    from workshop_lib.precision import Precision
+
+    dataset = "fashion-mnist" if device == "cuda" else "digits"
+    sizes = profile.SIZES[(device, dataset)]
+    info = data.DATASETS[dataset]
+    generator = torch.Generator().manual_seed(0)
+    train_set = TensorDataset(
+        torch.randn(SPEED_IMAGES, info.in_channels, info.image_size, info.image_size,
+                    generator=generator),
+        torch.randint(info.num_classes, (SPEED_IMAGES,), generator=generator))
+
+    def timed(batches, amp="off", channels_last=False):
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        torch.manual_seed(0)
+        model = models.build(sizes.model, info).to(device, memory_format=layout)
+        optimizer = optim.build("sgd", model.parameters(), sizes.lr, optim.MOMENTUM,
+                                optim.WEIGHT_DECAY)
+        measured = throughput.curve(model, optimizer, train_set, torch.device(device),
+                                    batches, layout, precision=Precision(amp, device))
+        del model, optimizer
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return measured
+
+    result = {"device": device, "model": sizes.model, "dataset": dataset,
+              "batch_size": sizes.batch_size,
+              "knee_curve": timed(throughput.batches_around(sizes.batch_size)),
+              "at_profile_batch": {}}
+    print(json.dumps(result["knee_curve"]["samples_per_s"]), flush=True)
+    bf16 = device != "cuda" or torch.cuda.is_bf16_supported()
+    for name, amp, channels_last in SPEED_VARIANTS:
+        if amp == "bf16" and not bf16:
+            continue
+        measured = timed([sizes.batch_size], amp, channels_last)
+        result["at_profile_batch"][name] = measured["samples_per_s"].get(sizes.batch_size)
+    return result
+
+
+PROBES = {"cuda-info": cuda_info, "largest-batch": largest_batches, "speed": speed}
+ON_THE_CPU_TOO = {"speed"}  # probes a CPU rehearsal runs (--device cpu)
 
 
 def main(argv=None):
     parser = cli.ArgumentParser(prog="python -m workshop_lib.gpu_check.probes")
     parser.add_argument("probe", choices=sorted(PROBES))
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: a CPU rehearsal of a probe that can run there")
     args = parser.parse_args(argv)
+    if args.device == "cpu" and args.probe in ON_THE_CPU_TOO:
+        result = PROBES[args.probe]("cpu")
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return 0
+    if args.device == "cpu":
+        print(f"error: the {args.probe} probe runs on CUDA only", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: this probe needs CUDA, and torch.cuda.is_available() is False",
               file=sys.stderr)

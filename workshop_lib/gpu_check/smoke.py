@@ -4,7 +4,9 @@ a few minutes, with torch alone installed.
 Steps (issue 20's items in brackets), each a subprocess under its own time limit:
 the CUDA device's facts; ``doctor``; ``equivalence`` under a 1-rank torchrun on CUDA,
 SyncBatchNorm included [1]; notebook 02's reference conversion script under a 1-rank
-torchrun [2]; the profiler trace on CUDA, keeping the trace file [3]; the largest batch
+torchrun [2]; the profiler trace on CUDA, keeping the trace file, with the GPU's idle share
+of a step [3]; the GPU profile's samples/s against the batch per device (notebook 05's knee)
+and, at its batch, fp32 and bf16 each NCHW and channels_last; the largest batch
 with and without gradient checkpointing, and whether it is the search's cap [9];
 training runs in fp32, fp16 (no lr_scheduler warning on stderr [10]), bf16 and with
 gradient checkpointing, each with its peak GPU memory; the one-GPU tests of
@@ -13,8 +15,8 @@ gradient checkpointing, each with its peak GPU memory; the one-GPU tests of
 Without a GPU PyTorch can use the smoke refuses to run, in one line: a smoke that skips
 its GPU steps checks nothing. ``--cpu-rehearsal`` runs it on the CPU anyway, every step
 that can run there (``doctor``, the equivalence without SyncBatchNorm, the conversion, the
-trace, the training runs), to check an image before its GPUs are at hand; the others are
-skipped, and say so.
+trace, the speed probe at the CPU profile's sizes, the training runs), to check an image
+before its GPUs are at hand; the others are skipped, and say so.
 """
 import json
 import math
@@ -145,6 +147,11 @@ def trace(context, limit):
                            f"{median['compute_ms']:.2f} ms, communication "
                            f"{median['communication_ms']:.2f} ms; unprofiled "
                            f"{rank['unprofiled_step_ms']:.2f} ms")
+            if median.get("gpu_idle_ms") is not None:  # the profile's aim: at most 20%
+                figures.append(f"the GPU idle {median['gpu_idle_ms']:.2f} ms of the "
+                               f"{median['step_ms']:.2f} ms step "
+                               f"({median['gpu_idle_ms'] / median['step_ms']:.0%}; a GPU "
+                               f"profile that keeps the GPU busy leaves it idle at most 20%)")
         problem = None if summary_path.is_file() else "no summary.json written"
         return figures, values, problem
 
@@ -169,6 +176,39 @@ def largest_batch(context, limit):
     finished = context.command("largest-batch", ["-m", "workshop_lib.gpu_check.probes",
                                                  "largest-batch", "--out", out], limit)
     return from_process("largest batch, with and without checkpointing [item 9]", finished,
+                        context, read)
+
+
+KNEE_SHARE = 0.9  # notebook 05's knee: the smallest batch within 10% of the best samples/s
+
+
+def speed(context, limit):
+    out = context.folder("speed") / "speed.json"
+
+    def read(finished):
+        result = library.read_json(out)
+        rates = {int(b): r for b, r in result["knee_curve"]["samples_per_s"].items()}
+        best = max(rates.values())
+        knee = min(b for b, r in rates.items() if r >= KNEE_SHARE * best)
+        batch = result["batch_size"]
+        where = ("below the knee" if batch < knee else "at or past the knee")
+        figures = [f"{result['model']}, {result['dataset']}'s image shape (random images), "
+                   f"samples/s by batch per device: "
+                   + ", ".join(f"{b} {r:,.0f}" for b, r in sorted(rates.items())),
+                   f"the knee (the smallest batch within {1 - KNEE_SHARE:.0%} of the best): "
+                   f"batch {knee}; the profile's batch {batch} is {where}"]
+        if result["knee_curve"].get("out_of_memory_at"):
+            figures.append(f"batch {result['knee_curve']['out_of_memory_at']} did not fit")
+        at = result["at_profile_batch"]
+        if at.get("fp32"):
+            figures.append(f"at batch {batch}: fp32 {at['fp32']:,.0f} samples/s; "
+                           + ", ".join(f"{name} {rate / at['fp32']:.2f}x" for name, rate
+                                       in at.items() if name != "fp32" and rate))
+        return figures, {**result, "knee": knee}, None
+
+    finished = context.command("speed", ["-m", "workshop_lib.gpu_check.probes", "speed",
+                                         "--device", context.device, "--out", out], limit)
+    return from_process("the profile's speed: the knee, precision and layout", finished,
                         context, read)
 
 
@@ -270,6 +310,10 @@ def steps():
              conversion, rehearses=True),
         Step("trace on CUDA, 1 rank [item 3]",
              "the profiler trace on a GPU: mirrored gpu_user_annotation step spans", 150, trace,
+             rehearses=True),
+        Step("the profile's speed: the knee, precision and layout",
+             "samples/s against the batch per device, and fp32/bf16 x NCHW/channels_last at "
+             "the profile's batch: whether the GPU profile keeps this GPU busy", 120, speed,
              rehearses=True),
         Step("largest batch, with and without checkpointing [item 9]",
              "memory.largest_batch, and whether its answer is the search's cap", 180,

@@ -1,4 +1,12 @@
-"""Notebook 05, "Fit the global batch": the worked example's out-of-memory remedies.
+"""Notebook 05's exercises: "Find the knee" and "Fit the global batch".
+
+**Find the knee.** The learner writes ``my_knee(samples_per_s)``: from a curve measured by
+``throughput.measure`` (``{batch per device: samples/s}``), the smallest batch whose
+samples/s is within 10% of the best the curve reached. The check runs it on curves whose
+knee is known (``KNEE_CURVES``: recorded on a GPU and on the CPU, in any order, noisy,
+still rising, already flat) and compares each answer with the rule's.
+
+**Fit the global batch**, the worked example's out-of-memory remedies.
 
 The premise: your GPU holds the activations of a batch of 64, the job needs the worked
 example's global batch of 256 with its accuracy, and an optimizer step may take at most
@@ -25,6 +33,7 @@ import functools
 import io
 import shlex
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -215,3 +224,55 @@ register(Exercise("fit_in_memory", "05_worked_example", "train at global batch 2
                   solution=lambda: "--batch-size 128 --accumulate 2 --grad-checkpointing",
                   stub_reason="it would not fit", earlier_runs=earlier_runs,
                   refused=budget_overrides))
+
+
+# Find the knee. Curves {batch per device: samples/s}, each with the batch the rule gives.
+KNEE_SHARE = 0.9
+KNEE_CURVES = (
+    # One H200, wrn-16-10 on Fashion-MNIST, bf16 and channels_last (2026-12-04,
+    # BENCHMARKS.md "The course on one GPU"): launch-bound at 128, filled from 256.
+    ("a GPU's", {128: 17_900, 256: 25_300, 512: 27_000}, 256),
+    # This repository's CI machine, the course CNN on digits, one thread: a fixed cost of
+    # about 1.5 ms a step, then the arithmetic.
+    ("a CPU's", {4: 1_868, 8: 2_988, 16: 3_993, 32: 4_334, 64: 4_768, 128: 5_302,
+                 256: 5_080}, 128),
+    ("an unordered, noisy", {512: 2_450, 32: 1_000, 128: 2_600, 64: 1_900, 256: 2_500}, 128),
+    ("a still rising", {16: 1_000, 32: 2_000, 64: 3_900}, 64),
+    ("an already flat", {128: 9_500, 256: 9_800, 512: 9_900}, 128),
+)
+FILES = Path(__file__).resolve().parent / "files"
+
+
+def load_knee(name):
+    """The function ``my_knee`` of ``files/<name>``, defined as a notebook cell defines it."""
+    namespace = {}
+    exec((FILES / name).read_text(), namespace)
+    return namespace["my_knee"]
+
+
+def check_knee(my_knee):
+    for kind, curve, knee in KNEE_CURVES:
+        try:
+            answer = my_knee(dict(curve))
+        except Exception as error:
+            return Verdict(False, f"my_knee raised {type(error).__name__} on {kind} curve "
+                                  f"{curve}: {error}")
+        if answer not in curve:
+            return Verdict(False, f"my_knee returned {answer!r} for {kind} curve {curve}: "
+                                  f"not a batch of the curve")
+        if answer != knee:
+            best = max(curve.values())
+            return Verdict(False, f"my_knee returned {answer} for {kind} curve {curve}; the "
+                                  f"best rate is {best:,}, and the smallest batch at "
+                                  f"{KNEE_SHARE:.0%} of it or more is {knee}")
+    return Verdict(True, f"my_knee finds the knee of {len(KNEE_CURVES)} curves (a GPU's, a "
+                         f"CPU's, unordered and noisy, still rising, already flat)")
+
+
+register(Exercise("knee", "05_worked_example", "find the batch per device past which a "
+                  "larger batch stops paying",
+                  writes="my_knee: the smallest batch within 10% of a curve's best samples/s",
+                  check=check_knee, stub=lambda: load_knee("knee_stub.py"),
+                  solution=lambda: load_knee("knee_solution.py"),
+                  shown=lambda: (FILES / "knee_solution.py").read_text(),
+                  stub_reason="not a batch of the curve"))
