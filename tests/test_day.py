@@ -115,8 +115,25 @@ def test_each_budget_fits_its_slot_and_the_slots_fit_the_day():
                 f"{session.notebook}: {session.budget.minutes('cpu')} min on the CPU, "
                 f"{session.budget.minutes('gpu')} on GPUs, in a slot of {session.minutes}")
     slots = sum(s.minutes[1] for s in day.the_day())
-    assert slots + day.BREAK_MINUTES <= day.DAY_MINUTES
+    assert slots + day.BREAK_MINUTES == day.DAY_MINUTES
     assert sum(s.budget.minutes("cpu") for s in day.the_day()) <= slots
+
+
+def test_the_day_table_schedules_its_breaks_and_ends_with_the_day():
+    """Lunch and two shorter breaks, at their times; no more than 2.5 h of sessions without
+    a pause; the last session ends by the day's end."""
+    rows = [row.split(" | ") for row in day.table().splitlines()[2:]]
+    assert [row[1] for row in rows if row[1] in ("Break", "Lunch")] == ["Break", "Lunch", "Break"]
+    end = next(row[0].strip("| ") for row in rows if row[1] == "End of the day")
+    assert end == day.clock(day.DAY_STARTS + day.DAY_MINUTES) == "17:00"
+    stretch, longest = 0, 0
+    breaks = {notebook for notebook, _, _ in day.BREAKS}
+    for session in day.the_day():
+        stretch += session.minutes[1]
+        longest = max(longest, stretch)
+        stretch = 0 if session.notebook in breaks else stretch
+    assert longest <= 150, f"{longest} min of sessions without a break"
+    assert day.clock(9 * 60 + 5) == "9:05"
 
 
 def test_a_budget_fits_only_when_its_parts_sum_within_the_slot():

@@ -27,7 +27,13 @@ WELCOME = "notebooks/00_welcome.ipynb"
 BUDGET_MARK = "**Time budget**"  # the opening cell's line that states the budget
 DAY_MARK = "A day of"            # the README's line, below the table, that sums the day
 DAY_MINUTES = 8 * 60     # the workshop's day, 9:00 to 17:00
-BREAK_MINUTES = 45       # lunch; shorter pauses fall inside the sessions' slack
+DAY_STARTS = 9 * 60      # 9:00, in minutes after midnight
+# The day's breaks, each after a session (by notebook): a pause after every 90 minutes or
+# so of work, lunch after the morning's last session. In the day table, with their times.
+BREAKS = (("notebooks/01_sgd_and_batch_size.ipynb", "Break", 10),
+          ("notebooks/02_from_one_gpu_to_many.ipynb", "Lunch", 45),
+          ("notebooks/04_when_things_go_wrong.ipynb", "Break", 10))
+BREAK_MINUTES = sum(minutes for _, _, minutes in BREAKS)
 GPUS = 4                 # the GPU budget's machine: the worked example's four GPUs
 
 
@@ -70,7 +76,7 @@ class Session:
 SESSIONS = (
     Session("notebooks/00_welcome.ipynb",
             "check the machine, the course profile and the dataset; launch a first DDP job "
-            "and record what each of its processes did", (30, 30),
+            "and record what each of its processes did", (25, 25),
             Budget(reading=10, exercises=5, cpu_run=8, gpu_run=3)),
     Session("notebooks/01_sgd_and_batch_size.ipynb",
             "write mini-batch SGD on a problem you can see; then throughput, accuracy and "
@@ -117,7 +123,7 @@ SESSIONS = (
                                        ("where a step's time goes", 8)))),
     Session("assessment/release/ddp_refactor/ddp_refactor.ipynb",
             "convert another single-device script yourself; graded by what your job does",
-            (60, 90), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),
+            (60, 75), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),
     Session("notebooks/06_beyond_one_machine.ipynb",
             "data prepared once on each node's local rank 0 behind a barrier, data as record "
             "shards, two nodes and a lost node, SLURM and Kubernetes jobs",
@@ -179,10 +185,11 @@ def day_line():
     slots = sum(s.minutes[1] for s in the_day())
     cpu = sum(s.budget.minutes("cpu") for s in the_day())
     gpu = sum(s.budget.minutes("gpu") for s in the_day())
+    pauses = ", ".join(f"{name.lower()} {minutes} min" for _, name, minutes in BREAKS)
     return (f"{DAY_MARK} {DAY_MINUTES // 60} h: {slots} min of sessions at most and "
-            f"{BREAK_MINUTES} min of breaks. A novice's budgets (reading, exercises, runs; each "
-            f"notebook's opening cell states its own) add up to {cpu} min on the CPU profile "
-            f"and {gpu} min on {GPUS} GPUs.")
+            f"{BREAK_MINUTES} min of breaks ({pauses}). A novice's budgets (reading, "
+            f"exercises, runs; each notebook's opening cell states its own) add up to {cpu} "
+            f"min on the CPU profile and {gpu} min on {GPUS} GPUs.")
 
 
 ASSESSMENT_IN_WORKSPACE = "ddp_refactor/ddp_refactor.ipynb"  # jupyter/learner/make_workspace.py
@@ -228,11 +235,27 @@ def in_teaching_order():
     return [*the_day(), *(s for s in SESSIONS if s.minutes is None)]
 
 
+def clock(minutes):
+    """Minutes after midnight as the day table writes a time: 9:05, 13:40."""
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
 def table(root=REPO):
-    """The day table, as Markdown."""
-    rows = ["| session | what you do | time |", "|---|---|---|"]
-    rows += [f"| {title(s, root)} | {s.you_do} | {time_on_the_day(s)} |"
-             for s in in_teaching_order()]
+    """The day table, as Markdown: the day's sessions with their start times (each slot at
+    its most), the breaks between them, then a second day's."""
+    rows = ["| starts | session | what you do | time |", "|---|---|---|---|"]
+    breaks = {notebook: (name, minutes) for notebook, name, minutes in BREAKS}
+    now = DAY_STARTS
+    for s in the_day():
+        rows.append(f"| {clock(now)} | {title(s, root)} | {s.you_do} | {time_on_the_day(s)} |")
+        now += s.minutes[1]
+        if s.notebook in breaks:
+            name, minutes = breaks[s.notebook]
+            rows.append(f"| {clock(now)} | {name} | | {minutes} min |")
+            now += minutes
+    rows.append(f"| {clock(now)} | End of the day | | |")
+    rows += [f"| | {title(s, root)} | {s.you_do} | {time_on_the_day(s)} |"
+             for s in SESSIONS if s.minutes is None]
     return "\n".join(rows)
 
 
