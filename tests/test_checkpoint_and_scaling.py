@@ -31,10 +31,10 @@ def test_scaling_rules(rule, expected):
 
 
 def test_warmup_rises_linearly_then_holds_or_decays():
-    constant = [scaling.lr_factor(step, 4, 10, "constant") for step in range(10)]
-    assert constant == [0.25, 0.5, 0.75] + [1.0] * 7
-    cosine = [scaling.lr_factor(step, 4, 10, "cosine") for step in range(11)]
-    assert cosine[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    constant = [scaling.lr_factor(step, 4, 10, "constant", 0.2) for step in range(10)]
+    assert constant == pytest.approx([0.2, 0.4, 0.6, 0.8] + [1.0] * 6)
+    cosine = [scaling.lr_factor(step, 4, 10, "cosine", 0.2) for step in range(11)]
+    assert cosine[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
     assert cosine[5:] == sorted(cosine[5:], reverse=True) and cosine[-1] == 0.0
     assert cosine[7] == pytest.approx(0.5)  # half-way through the decay
     assert scaling.lr_factor(0, 0, 10, "cosine") == 1.0
@@ -79,12 +79,15 @@ def test_warmup_from_the_base_rate_as_goyal_et_al():
     # Scaled 8x: the ramp starts at the unscaled rate (1/8 of the target) and reaches it.
     start = scaling.warmup_start("base", 0.1, 0.8)
     ramp = [scaling.lr_factor(step, 4, 10, "constant", start) for step in range(5)]
-    assert ramp[0] == pytest.approx(0.125 + 0.875 / 4) and ramp[3:] == [1.0, 1.0]
-    assert scaling.warmup_start("zero", 0.1, 0.8) == 0.0
+    # The first step at the base rate, the scaled one reached after the 4 warmup steps
+    assert ramp == pytest.approx([0.125, 0.125 + 0.875 / 4, 0.125 + 0.875 / 2,
+                                  0.125 + 3 * 0.875 / 4, 1.0])
+    assert 0 < scaling.warmup_start("zero", 0.1, 0.8) < 0.01  # LinearLR needs it above 0
     assert scaling.warmup_start("base", 0.1, 0.1) == 1.0, "nothing scaled: no ramp"
 
 
-@pytest.mark.parametrize("warmup,total,start", [(4, 10, 0.0), (5, 40, 1 / 16), (1, 6, 0.25)])
+@pytest.mark.parametrize("warmup,total,start", [(4, 10, scaling.ZERO_START), (5, 40, 1 / 16),
+                                                (1, 6, 0.25)])
 def test_pytorchs_sequential_lr_gives_the_courses_rate_at_every_step(warmup, total, start):
     """What the notebook shows learners (LinearLR then CosineAnnealingLR in SequentialLR)
     is the schedule the course trains with (scaling.lr_factor), step for step."""

@@ -38,36 +38,39 @@ def scaled_lr(lr, rule, global_batch_size, ref_batch_size):
 
 
 WARMUP_FROM = ("base", "zero")
+# ``--warmup-from zero``'s first factor: about 0, and above it, as PyTorch's LinearLR needs
+# (its start_factor is in (0, 1]).
+ZERO_START = 1e-3
 
 
 def warmup_start(warmup_from, base_lr, scaled_lr):
     """The factor of the scaled rate that warmup starts from: the base rate's share of it
-    (``base``, Goyal et al.), or 0 (``zero``)."""
-    return min(1.0, base_lr / scaled_lr) if warmup_from == "base" else 0.0
+    (``base``, Goyal et al.: 1/k for a k-times rate), or about 0 (``zero``)."""
+    return min(1.0, base_lr / scaled_lr) if warmup_from == "base" else ZERO_START
 
 
-def lr_factor(step, warmup_steps, total_steps, schedule="cosine", start=0.0):
+def lr_factor(step, warmup_steps, total_steps, schedule="cosine", start=ZERO_START):
     """Multiplier for the learning rate at optimizer step ``step`` (0-based): a linear ramp
-    from ``start`` to 1 over ``warmup_steps``, then the schedule."""
+    from ``start`` at the first step to 1 at step ``warmup_steps`` (Goyal et al.: from the
+    base rate, up by the same amount each step, the scaled rate reached after the warmup),
+    then the schedule."""
     if step < warmup_steps:
-        return start + (1 - start) * (step + 1) / warmup_steps
+        return start + (1 - start) * step / warmup_steps
     if schedule == "constant" or step >= total_steps:
         return 1.0 if schedule == "constant" else 0.0
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def warmup_cosine_scheduler(optimizer, warmup_steps, total_steps, start=0.0):
+def warmup_cosine_scheduler(optimizer, warmup_steps, total_steps, start=ZERO_START):
     """``lr_factor``'s warmup and cosine decay as learners write them with PyTorch's own
     schedulers (call ``.step()`` after every optimizer step, as for the course's
     LambdaLR): a LinearLR ramp, then CosineAnnealingLR, chained by SequentialLR at the
-    end of warmup. LinearLR's first rate is ``start_factor`` and it reaches 1 after
-    ``total_iters`` steps, so the ramp starts one step up and ends at step
-    ``warmup_steps - 1``, as ``lr_factor``'s does; the test pins the two to the same
-    rates at every step."""
+    end of warmup. LinearLR, as PyTorch documents it: the first step's rate is the scaled
+    rate times ``start_factor`` (1/k: the base rate), and it reaches the scaled rate after
+    ``total_iters`` steps; the test pins it to ``lr_factor`` at every step."""
     from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
-    ramp = LinearLR(optimizer, start_factor=start + (1 - start) / warmup_steps,
-                    end_factor=1.0, total_iters=warmup_steps - 1)
+    ramp = LinearLR(optimizer, start_factor=start, end_factor=1.0, total_iters=warmup_steps)
     decay = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)
     return SequentialLR(optimizer, [ramp, decay], milestones=[warmup_steps])
