@@ -6,6 +6,8 @@ The SLURM test needs Debian's slurmctld, slurmd, slurm-client and munge (``.ci/r
 installs them) and root; without them it is skipped, except under CI, where that is a
 failure.
 """
+import ipaddress
+import itertools
 import json
 import os
 import re
@@ -154,6 +156,30 @@ def test_the_batch_script_refuses_gpu_ranks_without_their_cpus(tmp_path):
     assert "would share" not in enough.stderr
 
 
+def test_the_interface_for_an_address_is_the_one_holding_it_or_the_route_to_it():
+    """deploy/interface_for.sh, run against this machine's own interfaces: the loopback's
+    address, each other address this machine holds, one beside it on the same network (the
+    route to it), and a name that resolves to nothing (one line, saying what to set)."""
+    script = str(DEPLOY / "interface_for.sh")
+
+    def interface_for(address):
+        return subprocess.run([script, address], capture_output=True, text=True, timeout=30)
+
+    assert interface_for("127.0.0.1").stdout.strip() == "lo"
+    held = [line.split() for line in subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout.splitlines()]
+    for _, name, _, cidr, *_ in held:
+        own = ipaddress.ip_interface(cidr)
+        assert interface_for(str(own.ip)).stdout.strip() == name, cidr
+        others = [str(host) for host in itertools.islice(own.network.hosts(), 4)
+                  if host != own.ip]
+        if name != "lo" and others:  # another host on its network: the route leaves by it
+            assert interface_for(others[0]).stdout.strip() == name, others[0]
+    unknown = interface_for("no-such-host.invalid")
+    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1
+    assert "set GLOO_SOCKET_IFNAME" in unknown.stderr
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     reason = slurm.missing()
@@ -188,6 +214,9 @@ def test_the_batch_script_trains_on_two_slurm_nodes(cluster, tmp_path):
     assert run.start["world_size"] == 2
     assert run.final["val_acc"] >= 0.95, "the learning bar"
     assert run.start["threads_per_process"] == hardware.threads_per_process(2)
+    # CPU ranks on two nodes: each node binds gloo to the interface it reaches the
+    # rendezvous host (NodeAddr 127.0.0.1 here) by, not to what its name resolves to.
+    assert output.count(": gloo on lo") == 2, output[-4000:]
     rounds = nodes.rendezvous_rounds(output)
     assert sorted(r["group_rank"] for r in rounds) == [0, 1], "two nodes, one agent each"
     assert sorted(rank for r in rounds for rank in r["global_ranks"]) == [0, 1]
