@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from conftest import REPO
-from workshop_lib import labs, profile
+from workshop_lib import labs, plans, profile
 from workshop_lib.labs import beyond_one_machine as beyond
 from workshop_lib.labs import from_one_gpu_to_many, welcome
 from workshop_lib.labs import keeping_accuracy_at_scale as challenge
@@ -517,7 +517,8 @@ EARLIER = [(sweep, variant) for sweep, variants in challenge.NOTEBOOK_SWEEPS.ite
 def test_the_challenge_refuses_each_run_the_notebook_made_before_it_naming_it(sweep, variant):
     """Refused before anything trains (no baselines passed: a check that trained would take
     minutes here), with the run it copies and what to change."""
-    flags = challenge.NOTEBOOK_SWEEPS[sweep][variant]
+    flags = challenge.NOTEBOOK_SWEEPS[sweep][variant].replace(
+        "$WARMUP_EPOCHS", str(plans.warmup_epochs(challenge._epochs(CHALLENGE_COMMON))))
     answer = {"mine": re.sub(r"\$\w+", "0.97", re.sub(r"--batch-size \$\w+ ?", "", flags))}
     verdict = challenge.check(answer)
     assert not verdict.ok and "\n" not in verdict.reason
@@ -528,7 +529,7 @@ def test_the_challenge_refuses_each_run_the_notebook_made_before_it_naming_it(sw
 @pytest.mark.parametrize("flags,copied", [
     ("--optimizer lars --lr-scaling linear", "large_lars"),             # another order
     ("--lr-scal sqrt", "large_sqrt"),                                  # abbreviated
-    ("--lr-scaling=linear --warmup-epochs=3.0", "large_linear_warmup"),  # =value, 3.0
+    ("--lr-scaling=linear --warmup-epochs=3.40", "large_linear_warmup"),  # =value, 3.40
     ("--lr-scaling sqrt --momentum 0.9 --schedule cosine", "large_sqrt"),  # defaults restated
     ("--lr-scaling sqrt --target-accuracy 0.9 --patience 2", "large_sqrt"),  # cut short
     ("--momentum=0.9", "large_same_lr"),                               # the defaults

@@ -267,3 +267,17 @@ def test_the_rank_tag_of_the_browser_test_reads_gpu_devices_too():
     for device in (torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 7)):
         line = f"[rank 7/8] {device} samples=7500 steps=59 threads=0"  # train_ddp's format
         assert RANK_TAG.findall(line) == [("7", "8")], line
+
+
+@pytest.mark.parametrize("machine_name,name", SHAPES)
+def test_notebook_03s_warmup_is_at_most_a_tenth_of_its_run(machine_name, name, data_dir):
+    """Its warmup runs take the plan's warmup, a tenth of the sweep's epochs or less, at the
+    notebook's epochs and at the one-process test's shortest sweep (Goyal et al. warm up for
+    5 of 90 epochs); no warmup in its cells is a number the plan did not size."""
+    one, _ = profiles(machine_name, name, data_dir)
+    for epochs in (None, 6):
+        plan = plans.accuracy_at_scale(one, 16, epochs)
+        assert 0 < plan.warmup_epochs <= plan.epochs * plans.WARMUP_SHARE, plan
+    cells = "\n".join(c.source for c in notebook_cells("03_keeping_accuracy_at_scale"))
+    assert cells.count("--warmup-epochs $WARMUP_EPOCHS") == 2
+    assert not re.search(r"--warmup-epochs \d", cells), "a warmup the plan did not size"

@@ -66,3 +66,4 @@ def test_early_stopping_is_shown_with_the_time_it_saved(executed):
     assert found["early_stopping"].text in text
     stopped = hot["large_sqrt_stop"]
     assert stopped.end["reason"].startswith("val_acc >=") == found["early_stopping"].holds
+

@@ -147,12 +147,22 @@ class AccuracyAtScale:
     epochs: int         # of every sweep run and of the challenge
     hot_factor: float   # section 2's base rate, this many times the profile's
     hot_lr: float
+    warmup_epochs: float  # the warmup runs' (warmup_epochs(epochs))
     launches: list = field(default_factory=list)
 
 
 # The runs of notebook 03's sweep cells (section 1, at the base rate; section 2, hot), and
 # of the challenge's reference answer (the check trains the answer's runs).
 BASE_LR_RUNS, HOT_LR_RUNS, CHALLENGE_RUNS = 5, 6, 1
+# Warmup takes at most this share of a run: Goyal et al. warm up for 5 of 90 epochs; a
+# warmup half as long as the run would judge the ramp, not the rate it reaches.
+WARMUP_SHARE = 0.1
+
+
+def warmup_epochs(epochs):
+    """Notebook 03's warmup for a run of ``epochs``: WARMUP_SHARE of it, in tenths of an
+    epoch (``--warmup-epochs`` takes fractions; the steps are rounded from it)."""
+    return math.floor(round(10 * WARMUP_SHARE * epochs, 6)) / 10
 
 
 def accuracy_at_scale(p, batch_scale, epochs=None, hot_factor=None):
@@ -168,7 +178,8 @@ def accuracy_at_scale(p, batch_scale, epochs=None, hot_factor=None):
     if p.nproc > 1:
         launches.append(_ddp("equivalence", p))
     launches.append(Launch("challenge", p.device, runs=CHALLENGE_RUNS, **at_large))
-    return AccuracyAtScale(small, large, epochs, hot_factor, hot_factor * p.lr, launches)
+    return AccuracyAtScale(small, large, epochs, hot_factor, hot_factor * p.lr,
+                           warmup_epochs(epochs), launches)
 
 
 # Notebook 04

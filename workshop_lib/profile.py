@@ -58,9 +58,8 @@ class Sizes:
 # The GPU profile's epochs (6): a standard Wide ResNet run, and a sweep gets more where its
 # largest batch needs them for MIN_SWEEP_STEPS. ``make gpu-check``'s budget prices every
 # notebook's plan with these sizes on 4 A100s (gpu_check/budget.py); training is about a
-# fifth of its estimate, and notebook 03's warmup variants warm up for 3 epochs on every
-# profile: half of a 6-epoch run, three quarters of a 4-epoch one (the budget's docstring
-# weighs each notebook against the 15-minute target).
+# fifth of its estimate. Notebook 03's warmup variants warm up for a tenth of their run
+# (plans.WARMUP_SHARE): 0.6 of the GPU profile's 6 epochs, 3.4 of the CPU profile's 34.
 MIN_SWEEP_STEPS = 100  # optimizer steps the largest batch of a sweep gets at least
 SIZES = {
     ("cpu", "digits"): Sizes("cnn", epochs=6, batch_size=32, lr=0.01, lr_ref_batch=32,

@@ -31,7 +31,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from workshop_lib import cli, data, profile, runlog, scaling, sweep
+from workshop_lib import cli, data, plans, profile, runlog, scaling, sweep
 from workshop_lib.findings.keeping_accuracy_at_scale import (
     COLLAPSE_PP,
     TARGET_FRACTION,
@@ -77,13 +77,13 @@ NOTEBOOK_SWEEPS = {
         "small": "--batch-size $SMALL",
         "large_same_lr": "--batch-size $LARGE",
         "large_linear": "--batch-size $LARGE --lr-scaling linear",
-        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs 3",
+        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs $WARMUP_EPOCHS",
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
     },
     "hot_lr": {
         "small": "--batch-size $SMALL",
         "large_linear": "--batch-size $LARGE --lr-scaling linear",
-        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs 3",
+        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs $WARMUP_EPOCHS",
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
         "large_lars": "--batch-size $LARGE --lr-scaling linear --optimizer lars",
         "large_sqrt_stop": "--batch-size $LARGE --lr-scaling sqrt --target-accuracy $STOP_AT",
@@ -103,19 +103,22 @@ def effective_options(flags, budget):
             if name not in budget and name not in NOT_THE_RUN}
 
 
-def _cell_flags(flags):
-    """A sweep cell's variant with its shell variables given a value (they stand only for
-    budget options or options that are not the run)."""
-    return shlex.split(re.sub(r"\$\w+", "1", flags))
+def _cell_flags(flags, epochs):
+    """A sweep cell's variant with its shell variables given a value: the warmup the
+    notebook gives a run of ``epochs``; the others stand only for budget options or options
+    that are not the run."""
+    warmup = str(plans.warmup_epochs(epochs))
+    return shlex.split(re.sub(r"\$\w+", lambda m: warmup if m[0] == "$WARMUP_EPOCHS" else "1",
+                              flags))
 
 
-def notebook_runs(budget):
+def notebook_runs(budget, epochs):
     """[(options, ["section 2's large_sqrt", ...])]: each distinct run the notebook made
     before the challenge, as the check would train it, with the variants that made it."""
     runs = []
     for folder, variants in NOTEBOOK_SWEEPS.items():
         for variant, flags in variants.items():
-            options = effective_options(_cell_flags(flags), budget)
+            options = effective_options(_cell_flags(flags, epochs), budget)
             named = f"{SECTIONS[folder]}'s {variant}"
             match = next((names for seen, names in runs if seen == options), None)
             if match is None:
@@ -167,6 +170,10 @@ def what_it_trains(flags, common, large):
     return {**rest, "global_batch": global_batch, "lr_per_step": rates}
 
 
+def _epochs(common):
+    return _training_parser().parse_args(common).epochs
+
+
 def challenge_batch(common):
     """The challenge's large global batch for ``common`` (its reference batch x 16)."""
     return _training_parser().parse_args(common).lr_ref_batch * DEFAULT_BATCH_SCALE
@@ -180,7 +187,7 @@ def copied_run(flags, common, large=None):
     copied = [f"{SECTIONS[folder]}'s {variant}"
               for folder, variants in NOTEBOOK_SWEEPS.items()
               for variant, cell in variants.items()
-              if what_it_trains(_cell_flags(cell), common, large) == trains]
+              if what_it_trains(_cell_flags(cell, _epochs(common)), common, large) == trains]
     return copied or None
 
 
@@ -349,7 +356,7 @@ def earlier_runs(**_):
     _, _, common = settings(profile.get_profile("cpu", "digits"), 16)
     budget = budget_options(common)
     return [{names[0].partition("'s ")[2]: as_flags(options, budget)}
-            for options, names in notebook_runs(budget)]
+            for options, names in notebook_runs(budget, _epochs(common))]
 
 
 def budget_overrides(**_):
