@@ -77,13 +77,15 @@ NOTEBOOK_SWEEPS = {
         "small": "--batch-size $SMALL",
         "large_same_lr": "--batch-size $LARGE",
         "large_linear": "--batch-size $LARGE --lr-scaling linear",
-        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs $WARMUP_EPOCHS",
+        "large_linear_warmup": ("--batch-size $LARGE --lr-scaling linear "
+                                "--warmup-epochs $WARMUP_EPOCHS"),
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
     },
     "hot_lr": {
         "small": "--batch-size $SMALL",
         "large_linear": "--batch-size $LARGE --lr-scaling linear",
-        "large_linear_warmup": "--batch-size $LARGE --lr-scaling linear --warmup-epochs $WARMUP_EPOCHS",
+        "large_linear_warmup": ("--batch-size $LARGE --lr-scaling linear "
+                                "--warmup-epochs $WARMUP_EPOCHS"),
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
         "large_lars": "--batch-size $LARGE --lr-scaling linear --optimizer lars",
         "large_sqrt_stop": "--batch-size $LARGE --lr-scaling sqrt --target-accuracy $STOP_AT",
