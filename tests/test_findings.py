@@ -739,6 +739,13 @@ def test_the_benchmark_reads_weak_scaling_as_each_steps_overhead():
     assert "cost 25% more than a step alone" in said and "sets no ceiling" in said
     assert "serial share" not in said
     assert "which overhead cannot give" in nb02.bench_scaling(bench(1.1))["bench_course"].text
+    # GPU-shaped: one rank's DDP host work measured at 3.2 ms a step goes into the prediction
+    # and is named beside it.
+    gpu = bench(0.6, world_size=4)
+    gpu["scaling"][0]["host_overhead_s"] = 3.2e-3
+    said = nb02.bench_scaling(gpu)["bench_course"].text
+    assert "the all-reduce floor and DDP's host work (3.20 ms a step: its no_sync step among 4" \
+        in said
 
 
 def test_a_skipped_benchmark_says_why():

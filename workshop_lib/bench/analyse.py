@@ -123,18 +123,23 @@ def scaling_rows(raw, plan, config, fits, facts):
         one_step_s = statistics.median(step_s(raw, config, 1, batch_for(1)))
         for w in plan.world_sizes:
             sps = samples_per_s(raw, config, w, batch_for(w))
-            predicted = None
+            predicted = host_s = None
             if mode == "weak" and w > 1:
-                # One process's step plus the fitted all-reduce, nothing overlapped.
+                # One process's step, plus the fitted all-reduce (nothing overlapped), plus
+                # DDP's host work among w: its no_sync step (hooks, buckets, no all-reduce)
+                # over a step alone, timed where the plan has that window (at N).
                 floor = allreduce_model.model_s(fits[w], w, facts["gradient_bytes"])["total_s"]
-                predicted = one_step_s / (one_step_s + floor)
+                if run_key(config.name, w, batch_for(w), NO_SYNC) in raw["windows"]:
+                    host_s = max(0.0, statistics.median(
+                        step_s(raw, config, w, batch_for(w), NO_SYNC)) - one_step_s)
+                predicted = one_step_s / (one_step_s + floor + (host_s or 0.0))
             rows.append({
                 "config": config.name, "model": config.label, "mode": mode,
                 "world_size": w, "batch_size": batch_for(w),
                 "global_batch_size": batch_for(w) * w,
                 "samples_per_s": summary(sps), "speedup": per_round(sps, base),
                 "efficiency": per_round(sps, base, 1 / w),
-                "predicted_efficiency": predicted,
+                "predicted_efficiency": predicted, "host_overhead_s": host_s,
             })
     return rows
 

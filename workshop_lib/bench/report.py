@@ -51,15 +51,18 @@ def scaling_section(report):
         "efficiency": format_stats(r["efficiency"], ".2f"),
         "predicted": "" if r["predicted_efficiency"] is None
         else f"{r['predicted_efficiency']:.2f}",
+        "host": "" if r.get("host_overhead_s") is None else f"{1e3 * r['host_overhead_s']:.2f}",
     } for r in report["scaling"]]
     return [
         "1. Scaling (efficiency = speed-up / processes; predicted: one process's step plus "
-        "the fitted all-reduce at the gradients' size, no overlap)",
+        "the fitted all-reduce at the gradients' size, no overlap, plus DDP's host work per "
+        "step: its no_sync step among the processes over a step alone)",
         runlog.format_table(rows, {
             "config": ("config", ""), "model": ("model", ""), "mode": ("mode", ""),
             "procs": ("procs", "d"), "batch": ("batch/proc", "d"), "global": ("global", "d"),
             "sps": ("samples/s", ""), "speedup": ("speed-up", ""),
-            "efficiency": ("efficiency", ""), "predicted": ("predicted", "")}),
+            "efficiency": ("efficiency", ""), "predicted": ("predicted", ""),
+            "host": ("DDP host ms", "")}),
     ]
 
 

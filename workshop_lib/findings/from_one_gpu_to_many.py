@@ -55,7 +55,8 @@ def shard_metrics(per_rank, global_accuracy, logged_accuracy, run_device="cpu"):
 
 
 def bench_scaling(bench, nproc=None):
-    """The benchmark's weak-scaling efficiency against its all-reduce-floor prediction;
+    """The benchmark's weak-scaling efficiency against its prediction (one process's step,
+    the all-reduce floor, DDP's host work among N where the bench timed it);
     ``bench`` None: it did not run (one process, or the optional part was skipped)."""
     if bench is None:
         if nproc is not None and nproc >= 2:
@@ -68,7 +69,10 @@ def bench_scaling(bench, nproc=None):
         f"The benchmark's {r['config']} step (batch {r['batch_size']} per process, "
         f"{r['world_size']} processes): weak-scaling efficiency "
         f"{r['efficiency']['median']:.2f} measured against {r['predicted_efficiency']:.2f} "
-        f"predicted from the all-reduce floor. "
+        f"predicted from one process's step, the all-reduce floor"
+        + (f" and DDP's host work ({1e3 * r['host_overhead_s']:.2f} ms a step: its no_sync "
+           f"step among {r['world_size']} over a step alone)"
+           if r.get("host_overhead_s") is not None else "") + ". "
         + step_overhead(r["world_size"], r["efficiency"]["median"])) for r in weak])
 
 
