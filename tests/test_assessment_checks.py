@@ -1185,3 +1185,36 @@ def test_a_pass_is_timed_once_the_gpu_has_run_what_was_queued(monkeypatch):
         undo()
     assert len(batches) == 2 and waited == ["sync", "sync"]
     assert recorder.passes[0]["seconds"] >= 0 and len(recorder.handed_out) == 2
+
+
+INSTRUCTION_WORDS = 600  # the notebook's reading budget: about five minutes
+
+
+def visible_words(markdown):
+    """The words a learner reads without opening a collapsed part: a <details> block counts
+    only its <summary>; tags, table rules and punctuation alone are not words."""
+    folded = re.sub(r"<details>\s*<summary>(.*?)</summary>.*?</details>", r"\1", markdown,
+                    flags=re.S)
+    return re.findall(r"[A-Za-z0-9]\S*", re.sub(r"<[^>]+>", "", folded))
+
+
+def test_the_instructions_fit_their_reading_budget_the_rest_folded():
+    """The requirement table and the pass mark in view; how grading works, the workshop's
+    reminders and the data's details folded, each under a summary saying what it holds."""
+    cells = [cell for cell, _ in nbgrader_cells() if cell.cell_type == "markdown"]
+    words = sum(len(visible_words(cell.source)) for cell in cells)
+    assert words < INSTRUCTION_WORDS, f"{words} words of instructions in view"
+    for cell in cells:
+        assert cell.source.count("<details>") == cell.source.count("</details>") == \
+            cell.source.count("<summary>")
+    intro = cells[0].source
+    assert "| 4 |" in visible_text(intro) and "**Pass mark:" in visible_text(intro)
+    assert "What the grader relies on" in intro and "What the grader relies on" not in \
+        visible_text(intro)
+    assert len(visible_words("<details>\n<summary>Two words</summary>\n\nmany more\n</details>"
+                             " | --- | x")) == 3
+
+
+def visible_text(markdown):
+    return re.sub(r"<details>\s*<summary>(.*?)</summary>.*?</details>", r"\1", markdown,
+                  flags=re.S)
