@@ -598,6 +598,12 @@ def test_learner_validates_the_assessment_in_the_workspace(lab_page, scratch, sc
     validate.wait_for(timeout=30_000)
     assert validate.inner_text().strip() == "Validate"
     assert validate.is_enabled()
+    # The instructions' folded parts render as closed <details> (JupyterLab's sanitizer
+    # keeps them), each showing its summary: "How grading works" first.
+    summaries = page.locator(f"[id='{panel_id}'] .jp-RenderedMarkdown details > summary")
+    summaries.first.wait_for(timeout=30_000)
+    assert "How grading works" in summaries.first.inner_text()
+    assert not page.locator(f"[id='{panel_id}'] .jp-RenderedMarkdown details[open]").count()
     screenshots.take(page, "learner-validate", "the assessment notebook as a learner opens "
                      "it (the workspace's copy of the release): nbgrader's Validate button")
     validate.click()
