@@ -122,3 +122,23 @@ def test_largest_difference_reads_every_tensor_of_two_checkpoints(tmp_path):
                            tmp_path / "b.pt")
     gap = checkpoint.largest_difference(tmp_path / "a.pt", tmp_path / "b.pt")
     assert gap["model"] == 0.0 and gap["optimizer"] == 0.25
+
+
+def test_lamb_moves_each_tensor_by_its_trust_ratio_share_of_its_norm():
+    """LAMB's step, by hand: Adam's bias-corrected direction (after one step m/sqrt(v) is
+    the gradient's sign), weight decay on matrices only, scaled so that every tensor moves
+    by lr x trust_coefficient x its own norm; a tensor at zero takes the plain ratio 1."""
+    from workshop_lib import optim
+
+    weight = torch.nn.Parameter(torch.tensor([[3.0, -4.0]]))  # norm 5
+    bias = torch.nn.Parameter(torch.zeros(2))
+    lamb = optim.build("lamb", [weight, bias], lr=0.5, momentum=0.9, weight_decay=0.1)
+    weight.grad, bias.grad = torch.tensor([[2.0, 1.0]]), torch.tensor([0.5, -0.25])
+    lamb.step()
+    weight, bias = weight.detach(), bias.detach()
+    direction = torch.tensor([[1.0, 1.0]]) / (1 + 1e-6) + 0.1 * torch.tensor([[3.0, -4.0]])
+    step = direction * (0.02 * 5 / torch.linalg.vector_norm(direction))
+    assert torch.allclose(weight, torch.tensor([[3.0, -4.0]]) - 0.5 * step, atol=1e-6)
+    assert torch.linalg.vector_norm(weight - torch.tensor([[3.0, -4.0]])) == \
+        pytest.approx(0.5 * 0.02 * 5, rel=1e-5)
+    assert torch.allclose(bias, -0.5 * torch.tensor([1.0, -1.0]) / (1 + 1e-6), atol=1e-6)

@@ -163,10 +163,14 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
                  large_sqrt=0.93)
     base["large_same_lr"].epochs[-1]["train_loss"] = 0.5  # under-trained
     hot = named(small=0.99, large_linear=0.95, large_linear_warmup=0.985, large_sqrt=0.96,
-                large_lars=0.90)
+                large_lars=0.90, large_lamb=0.985)
     for r in (*base.values(), *hot.values()):
         r.start["args"]["seed"] = "0"
     found = nb03.accuracy_at_scale(base, hot, 20)
+    # LAMB, beside LARS at the same settings, judged by the same bar
+    assert found["hot_lamb"].holds and "LAMB at the linear rate" in found["hot_lamb"].text
+    del hot["large_lamb"]  # a sweep recorded before LAMB joined it: no LAMB verdict
+    assert "hot_lamb" not in [f.key for f in nb03.accuracy_at_scale(base, hot, 20)]
     assert found["gap"].holds and found["linear_restores"].holds
     assert not found["sqrt_restores"].holds  # 30% of the gap: under the bar
     assert found["linear_breaks"].holds and found["hot_small"].holds

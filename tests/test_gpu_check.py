@@ -454,8 +454,9 @@ def test_a_notebook_that_starts_one_more_process_fails_the_freshness_test(tmp_pa
         launches[1] = dataclasses.replace(launches[1], runs=launches[1].runs - 1)
 
     for change, words in ((drop_a_launch, "04_when_things_go_wrong: its cells"),
-                          (drop_a_run, "03_keeping_accuracy_at_scale: cell 13 trains 6 run(s), "
-                                       "its plan's hot_lr 5")):
+                          (drop_a_run, f"03_keeping_accuracy_at_scale: cell 13 trains "
+                                       f"{plans.HOT_LR_RUNS} run(s), its plan's hot_lr "
+                                       f"{plans.HOT_LR_RUNS - 1}")):
         monkeypatch.setattr(plans, "every_notebook", functools.partial(dropped, change=change))
         with pytest.raises(AssertionError, match=re.escape(words)):
             test_every_notebooks_plan_starts_what_its_cells_start(tmp_path)

@@ -30,6 +30,7 @@ def test_every_run_has_the_same_budget_and_the_large_batch_100_steps(executed):
     assert large.start["global_batch_size"] == BATCH_SCALE * P.batch_size
     assert large.start["steps_per_epoch"] * len(large.epochs) >= 100
     assert hot["small"].start["lr"] == pytest.approx(HOT_FACTOR * P.lr)
+    assert hot["large_lamb"].start["args"]["optimizer"] == "lamb"  # beside LARS, same settings
 
 
 def test_the_gap_and_the_linear_rule_hold_and_every_verdict_is_the_computed_one(executed):

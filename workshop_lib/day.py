@@ -101,7 +101,7 @@ SESSIONS = (
                              ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",
             "lose accuracy at a large batch and win it back (linear and square-root rules and "
-            "why, warmup with SequentialLR, LARS; LAMB and NovoGrad named); early stopping at "
+            "why, warmup with SequentialLR, LARS and LAMB; NovoGrad named); early stopping at "
             "a target; BatchNorm across ranks; the large-batch challenge", (60, 60),
             Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
     Session("notebooks/04_when_things_go_wrong.ipynb",

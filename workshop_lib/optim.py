@@ -1,14 +1,16 @@
-"""Optimizers the scripts can use: SGD with momentum, and LARS for very large batches.
+"""Optimizers the scripts can use: SGD with momentum, and LARS and LAMB for very large
+batches.
 
 LARS (You, Gitman & Ginsburg 2017, "Large Batch Training of Convolutional Networks")
 scales each layer's step by a trust ratio ``||w|| / ||g + wd*w||``, so that no layer's
 update is large relative to its weights. It is meant to let the linear scaling rule's
 large learning rates work where plain SGD diverges, with a warmup and a rate of its own;
-notebook 03 runs it at plain SGD's settings and says what that shows.
+notebook 03 runs it at plain SGD's settings and says what that shows. LAMB (You et al.
+2019) does the same for Adam's step; notebook 03 runs it beside LARS, at the same settings.
 """
 import torch
 
-OPTIMIZERS = ("sgd", "lars")
+OPTIMIZERS = ("sgd", "lars", "lamb")
 # The training scripts' defaults (--lr, --momentum, --weight-decay), which the bench and the
 # trace use too: their timings do not depend on them, but they time the course's step.
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
@@ -52,8 +54,53 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
+class LAMB(torch.optim.Optimizer):
+    """Adam's step, scaled per tensor by a trust ratio (You et al. 2019, "Large Batch
+    Optimization for Deep Learning"): the Adam direction ``r = m / (sqrt(v) + eps)`` (moments
+    bias-corrected, ``beta1`` the course's ``--momentum``) plus weight decay, times
+    ``trust_coefficient x ||w|| / ||r||``, so every tensor moves by the same share of its
+    own norm. As in the course's LARS, tensors with one dimension take no weight decay; unlike
+    it they keep the trust ratio, since an Adam step of the full rate would be as large as
+    the rate itself whatever the gradient (a tensor still at zero takes the ratio 1)."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, beta2=0.999,
+                 trust_coefficient=0.02, eps=1e-6):
+        defaults = dict(lr=lr, beta1=momentum, beta2=beta2, weight_decay=weight_decay,
+                        trust_coefficient=trust_coefficient, eps=eps)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["beta1"], group["beta2"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] += 1
+                state["m"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = state["m"] / (1 - beta1 ** state["step"])
+                v_hat = state["v"] / (1 - beta2 ** state["step"])
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if p.ndim > 1:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
+                trust = torch.where((w_norm > 0) & (u_norm > 0),
+                                    group["trust_coefficient"] * w_norm / u_norm,
+                                    torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
 def build(name, params, lr, momentum, weight_decay):
     """The optimizer ``name`` (see OPTIMIZERS) over ``params``."""
+    if name == "lamb":
+        return LAMB(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "lars":
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

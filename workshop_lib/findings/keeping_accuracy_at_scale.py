@@ -104,9 +104,11 @@ def accuracy_at_scale(base, hot, hot_factor):
                          holds=breaks))
     for key, what in (("large_linear_warmup", "Gradual warmup from the base rate"),
                       ("large_sqrt", "The square-root rule"),
-                      ("large_lars", "LARS at the linear rate")):
-        found.append(_rescue(f"hot_{key.removeprefix('large_')}", what, broken, hot[key],
-                             hot_small))
+                      ("large_lars", "LARS at the linear rate"),
+                      ("large_lamb", "LAMB at the linear rate")):
+        if key in hot:  # LAMB joined the sweep later: older records lack it
+            found.append(_rescue(f"hot_{key.removeprefix('large_')}", what, broken, hot[key],
+                                 hot_small))
     return found
 
 

@@ -88,6 +88,7 @@ NOTEBOOK_SWEEPS = {
                                 "--warmup-epochs $WARMUP_EPOCHS"),
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
         "large_lars": "--batch-size $LARGE --lr-scaling linear --optimizer lars",
+        "large_lamb": "--batch-size $LARGE --lr-scaling linear --optimizer lamb",
         "large_sqrt_stop": "--batch-size $LARGE --lr-scaling sqrt --target-accuracy $STOP_AT",
     },
 }
