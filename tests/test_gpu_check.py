@@ -600,7 +600,8 @@ def test_the_check_imports_nothing_but_the_standard_library_and_torch():
                                     "workshop_lib.trace.__main__", "workshop_lib.doctor",
                                     "workshop_lib.labs.conversion_data", "workshop_lib.memory",
                                     "workshop_lib.models", "workshop_lib.checkpoint",
-                                    "workshop_lib.runlog"])
+                                    "workshop_lib.runlog", "workshop_lib.throughput",
+                                    "workshop_lib.launch", "workshop_lib.train_ddp"])
 def test_what_the_smokes_gpu_steps_run_needs_only_torch_and_the_standins(module):
     """Each module a smoke step runs imports, at module level, only the standard library,
     torch, and packages the smoke has a stand-in for (scikit-learn's digits, tqdm)."""
@@ -967,3 +968,40 @@ def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
     assert (tmp_path / "trace" / "trace_rank0.json").is_file()
     assert conversion.values["val_acc"] >= library.CONVERSION_TARGET
     assert run.values["epoch"] == 4 and run.values["saved_activation_bytes"] > 0
+
+
+# What probes.launcher writes, shaped as on a GPU: the watchdog's own words (the launcher's
+# reading of them) and the seconds each job took.
+WATCHDOG_SAID = ("NCCL's watchdog: rank 0's ALLREDUCE (collective #2 of its process group, "
+                 "1,024 elements) ran 5 s, past its 5 s timeout, and it took the process down")
+
+
+def launcher_result(stuck_ok=False, seconds=27.0, watchdog=WATCHDOG_SAID, launch_ok=True):
+    return {"ddp_launch": {"ok": launch_ok, "seconds": 31.0, "summary": "SUCCESS in 31 s."
+                           if launch_ok else "FAILED after 9 s: rank 0 failed first",
+                           "exitcode": None, "error": None, "watchdog": None,
+                           "flight_recorder_dumps": 0},
+            "stuck_collective": {"ok": stuck_ok, "seconds": seconds, "summary": "FAILED",
+                                 "exitcode": -6, "error": watchdog, "watchdog": watchdog,
+                                 "flight_recorder_dumps": 1, "timeout_s": probes.STUCK_TIMEOUT_S,
+                                 "bar_s": probes.STUCK_BAR_S, "limit_s": probes.STUCK_LIMIT_S}}
+
+
+def test_the_launcher_step_passes_only_a_timeout_the_watchdog_ended_in_time():
+    assert smoke.launcher_problem(launcher_result()) is None
+    assert "past its 5 s timeout + 30 s" in smoke.launcher_problem(launcher_result(seconds=40))
+    assert "nothing stopped it" in smoke.launcher_problem(launcher_result(stuck_ok=True))
+    assert "no NCCL watchdog report" in smoke.launcher_problem(launcher_result(watchdog=None))
+    assert "the one-rank DDP launch failed" in smoke.launcher_problem(
+        launcher_result(launch_ok=False))
+    assert probes.STUCK_BAR_S == probes.STUCK_TIMEOUT_S + 30
+    assert probes.STUCK_LIMIT_S > probes.STUCK_BAR_S  # the launcher's limit is no pass
+
+
+def test_the_stuck_collective_refuses_to_run_outside_torchrun_on_a_gpu(capsys, monkeypatch):
+    from workshop_lib.gpu_check import stuck_collective
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert stuck_collective.main(["--timeout-s", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs under torchrun on a GPU" in err[0]

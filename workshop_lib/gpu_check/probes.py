@@ -5,6 +5,7 @@ never holds a CUDA context):
     python -m workshop_lib.gpu_check.probes cuda-info --out F.json
     python -m workshop_lib.gpu_check.probes largest-batch --out F.json
     python -m workshop_lib.gpu_check.probes speed --out F.json [--device cpu]
+    python -m workshop_lib.gpu_check.probes launcher --out F.json
 """
 import json
 import sys
@@ -102,7 +103,42 @@ def speed(device="cuda"):
     return result
 
 
-PROBES = {"cuda-info": cuda_info, "largest-batch": largest_batches, "speed": speed}
+STUCK_TIMEOUT_S, STUCK_KERNEL_S = 5, 90
+STUCK_BAR_S = STUCK_TIMEOUT_S + 30  # issue 40: ended within the timeout and 30 s
+STUCK_LIMIT_S = 120  # the launcher's own limit, should the watchdog not end it
+
+
+def launcher():
+    """Two jobs through the course's launcher (``workshop_lib.launch``), one NCCL rank
+    each: a one-epoch ``train_ddp`` on digits, and a collective that cannot finish within
+    its timeout (``stuck_collective``), with the seconds each took, how it ended and the
+    launcher's summary (the watchdog's own words for the stuck one)."""
+    import io
+    import tempfile
+
+    from workshop_lib import launch
+
+    def job(target, timeout):
+        shown = io.StringIO()
+        result = launch.run(target, nproc=1, timeout=timeout, stream=shown)
+        return {"ok": result.ok, "seconds": result.seconds, "summary": result.summary(),
+                "exitcode": result.exitcode, "error": result.error,
+                "watchdog": launch.watchdog_timeout(result.log_dir),
+                "flight_recorder_dumps": len(list(result.log_dir.glob(
+                    f"**/{launch.FLIGHT_RECORDER}/rank_*")))}
+
+    training = job(["-m", "workshop_lib.train_ddp", "--device", "cuda", "--dataset", "digits",
+                    "--model", "cnn", "--epochs", "1", "--no-progress", "--out",
+                    tempfile.mkdtemp(prefix="gpu-check-launch-")], timeout=180)
+    stuck = job(["-m", "workshop_lib.gpu_check.stuck_collective", "--timeout-s",
+                 str(STUCK_TIMEOUT_S), "--kernel-s", str(STUCK_KERNEL_S)], STUCK_LIMIT_S)
+    return {"ddp_launch": training, "stuck_collective": {
+        **stuck, "timeout_s": STUCK_TIMEOUT_S, "bar_s": STUCK_BAR_S,
+        "limit_s": STUCK_LIMIT_S}}
+
+
+PROBES = {"cuda-info": cuda_info, "largest-batch": largest_batches, "speed": speed,
+          "launcher": launcher}
 ON_THE_CPU_TOO = {"speed"}  # probes a CPU rehearsal runs (--device cpu)
 
 

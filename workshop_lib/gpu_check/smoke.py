@@ -6,7 +6,9 @@ the CUDA device's facts; ``doctor``; ``equivalence`` under a 1-rank torchrun on 
 SyncBatchNorm included [1]; notebook 02's reference conversion script under a 1-rank
 torchrun [2]; the profiler trace on CUDA, keeping the trace file, with the GPU's idle share
 of a step [3]; the GPU profile's samples/s against the batch per device (notebook 05's knee)
-and, at its batch, fp32 and bf16 each NCHW and channels_last; the largest batch
+and, at its batch, fp32 and bf16 each NCHW and channels_last; a one-rank DDP job and an
+NCCL collective timeout through the course's launcher (the watchdog must end the stuck rank
+within its timeout and 30 s, naming the collective); the largest batch
 with and without gradient checkpointing, and whether it is the search's cap [9];
 training runs in fp32, fp16 (no lr_scheduler warning on stderr [10]), bf16 and with
 gradient checkpointing, each with its peak GPU memory; the one-GPU tests of
@@ -212,6 +214,40 @@ def speed(context, limit):
                         context, read)
 
 
+def launcher_problem(result):
+    """Why the launcher probe's two jobs (``probes.launcher``) fail the check, or None."""
+    launch, stuck = result["ddp_launch"], result["stuck_collective"]
+    if not launch["ok"]:
+        return f"the one-rank DDP launch failed: {launch['summary']}"
+    if stuck["ok"]:
+        return "the stuck all-reduce finished: nothing stopped it at its timeout"
+    if stuck["watchdog"] is None:
+        return f"no NCCL watchdog report in the stuck job's logs: {stuck['summary']}"
+    if stuck["seconds"] > stuck["bar_s"]:
+        return (f"the stuck job ended after {stuck['seconds']:.0f} s, past its "
+                f"{stuck['timeout_s']} s timeout + 30 s")
+    return None
+
+
+def launcher(context, limit):
+    out = context.folder("launcher") / "launcher.json"
+
+    def read(finished):
+        result = library.read_json(out)
+        launch, stuck = result["ddp_launch"], result["stuck_collective"]
+        figures = [f"train_ddp, 1 NCCL rank, through workshop_lib.launch: {launch['summary']}",
+                   f"an all-reduce behind a long kernel, timeout {stuck['timeout_s']} s: ended "
+                   f"after {stuck['seconds']:.0f} s (the bar: {stuck['bar_s']} s); "
+                   + (stuck["watchdog"] or "no watchdog report")
+                   + f"; Flight Recorder dumps: {stuck['flight_recorder_dumps']}"]
+        return figures, result, launcher_problem(result)
+
+    finished = context.command("launcher", ["-m", "workshop_lib.gpu_check.probes", "launcher",
+                                            "--out", out], limit)
+    return from_process("the launcher on NCCL: a DDP job, a collective timeout", finished,
+                        context, read)
+
+
 def training_run(name, tag, flags, check_stderr=False):
     """A step: one training run on the GPU with ``flags``, its accuracy and peak memory."""
 
@@ -329,6 +365,10 @@ def steps():
         Step("grad checkpointing run", "gradient checkpointing, with its peak memory", 90,
              training_run("grad checkpointing run", "run-checkpointing",
                           ["--grad-checkpointing"]), rehearses=True),
+        Step("the launcher on NCCL: a DDP job, a collective timeout",
+             "workshop_lib.launch on one NCCL rank: a one-epoch job, then an all-reduce that "
+             "cannot finish in its 5 s timeout, ended by the watchdog within 30 s more", 240,
+             launcher),
         Step("one-GPU tests (pytest -m gpu)",
              "tests/test_gpu.py on one GPU (the 2-GPU tests skip, saying so)", 240, gpu_tests,
              skip=_needs_pytest),
