@@ -961,6 +961,8 @@ def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
     assert set(speed.values["at_profile_batch"]) == {name for name, *_ in probes.SPEED_VARIANTS}
     assert any(f"the knee (the smallest batch within 10% of the best): batch "
                f"{speed.values['knee']}" in line for line in speed.figures)
+    assert set(speed.values["input_feed"]) == {"resident", "data_loader", "workers"}
+    assert any(line.startswith("input feed at batch") for line in speed.figures)
     assert set(equivalence.values["max_abs_difference"]) == {"bn_free", "batchnorm"}
     assert equivalence.values["tf32"] is False  # cuDNN allows TF32 by default: turned off
     assert trace.values["events"]["step_spans_user_annotation"] == 3  # library.trace's steps

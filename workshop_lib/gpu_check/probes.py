@@ -61,7 +61,7 @@ def speed(device="cuda"):
     its dataset's shape, so that no download is needed: samples/s against the batch per
     device around the profile's batch (notebook 05's knee), then at the profile's batch
     fp32 and bf16, each NCHW and channels_last (each variant a fresh model, timed by
-    ``throughput.curve``)."""
+    ``throughput.curve``), and the step fed three ways (``input_pipeline.feeds``)."""
     from torch.utils.data import TensorDataset
 
     from workshop_lib import data, models, optim, profile, throughput
@@ -100,6 +100,16 @@ def speed(device="cuda"):
             continue
         measured = timed([sizes.batch_size], amp, channels_last)
         result["at_profile_batch"][name] = measured["samples_per_s"].get(sizes.batch_size)
+    # Notebook 05's input feed at the profile's batch: a DataLoader, its workers, the device.
+    from workshop_lib import input_pipeline
+
+    torch.manual_seed(0)
+    model = models.build(sizes.model, info).to(device)
+    optimizer = optim.build("sgd", model.parameters(), sizes.lr, optim.MOMENTUM,
+                            optim.WEIGHT_DECAY)
+    fed = input_pipeline.feeds(model, optimizer, train_set, sizes.batch_size,
+                               torch.device(device))
+    result["input_feed"] = fed["samples_per_s"]
     return result
 
 

@@ -206,6 +206,13 @@ def speed(context, limit):
             figures.append(f"at batch {batch}: fp32 {at['fp32']:,.0f} samples/s; "
                            + ", ".join(f"{name} {rate / at['fp32']:.2f}x" for name, rate
                                        in at.items() if name != "fp32" and rate))
+        fed = result.get("input_feed")
+        if fed:
+            figures.append(f"input feed at batch {batch}: data on the device "
+                           f"{fed['resident']:,.0f} samples/s, a DataLoader "
+                           f"{fed['data_loader']:,.0f} "
+                           f"({1 - fed['data_loader'] / fed['resident']:.0%} waiting), its 2 "
+                           f"workers {fed['workers']:,.0f}")
         return figures, {**result, "knee": knee}, None
 
     finished = context.command("speed", ["-m", "workshop_lib.gpu_check.probes", "speed",
@@ -348,8 +355,9 @@ def steps():
              "the profiler trace on a GPU: mirrored gpu_user_annotation step spans", 150, trace,
              rehearses=True),
         Step("the profile's speed: the knee, precision and layout",
-             "samples/s against the batch per device, and fp32/bf16 x NCHW/channels_last at "
-             "the profile's batch: whether the GPU profile keeps this GPU busy", 120, speed,
+             "samples/s against the batch per device, fp32/bf16 x NCHW/channels_last and the "
+             "input feed at the profile's batch: whether the GPU profile keeps this GPU busy",
+             150, speed,
              rehearses=True),
         Step("largest batch, with and without checkpointing [item 9]",
              "memory.largest_batch, and whether its answer is the search's cap", 180,
