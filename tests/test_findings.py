@@ -297,7 +297,16 @@ def test_the_resume_is_judged_bit_for_bit_on_the_cpu_and_reported_on_gpus():
     assert not nb04.resume({**same, "optimizer": 1e-9}, "cpu")["resume"].holds
     assert not nb04.resume({**same, "epochs": [2, 3]}, "cpu")["resume"].holds
     on_gpu = nb04.resume({**same, "model": 3e-7}, "cuda")["resume"]
-    assert on_gpu.holds is None and "3e-07" in on_gpu.text
+    assert on_gpu.holds is None and "3e-07" in on_gpu.text and "NCCL" not in on_gpu.text
+    # GPU-shaped: two plain runs 2e-7 apart are the yardstick, the resumed job 3x that at most
+    plain = {"model": 2e-7, "optimizer": 1e-7, "epochs": [3, 3]}
+    within = nb04.resume({**same, "model": 5e-7}, "cuda", plain)["resume"]
+    assert within.holds and "differ by up to 2e-07" in within.text and "within 3x" in within.text
+    beyond = nb04.resume({**same, "model": 7e-7}, "cuda", plain)["resume"]
+    assert not beyond.holds and "beyond 3x that (6e-07)" in beyond.text
+    deterministic = {"model": 0.0, "optimizer": 0.0, "epochs": [3, 3]}
+    assert not nb04.resume({**same, "model": 1e-9}, "cuda", deterministic)["resume"].holds
+    assert nb04.resume(same, "cuda", deterministic)["resume"].holds
 
 
 def test_accumulation_needs_the_same_step_and_fewer_all_reduces():

@@ -498,7 +498,8 @@ def test_the_budget_prices_every_plans_runs_and_waits():
     assert set(budget.WAITS_S) <= {launch.name for _, plan in plans.every_notebook(
         *budget.gpu_profiles(), budget.parameters).values()
         for launch in plans.launches_of(plan)}  # every wait belongs to a launch
-    assert set(budget.IN_KERNEL_S) <= {launch.name for _, plan in plans.every_notebook(
+    assert set(budget.IN_KERNEL_S) | set(budget.PRICED_IN_KERNEL_S) <= {
+        launch.name for _, plan in plans.every_notebook(
         *budget.gpu_profiles(), budget.parameters).values()
         for launch in plans.launches_of(plan) if launch.in_kernel}  # and every measured figure
     for notebook, (_, plan) in plans.every_notebook(*budget.gpu_profiles(),

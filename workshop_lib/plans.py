@@ -205,7 +205,7 @@ def failures(p):
     """Notebook 04's jobs: a crash, a hang (two ranks or more), the lab's buggy jobs, the
     mismatch under DETAIL and the exercises' checks (always two CPU processes: they are
     written for gloo), a restart and the same job uninterrupted (to compare bit for
-    bit)."""
+    bit; on GPUs once more, for the spread of two plain runs)."""
     steps = data.steps_per_epoch(_train_size(p), p.nproc, p.batch_size)
     total = FAILURE_EPOCHS * steps
     run = {"batch_size": p.batch_size, "steps": total, "epochs": FAILURE_EPOCHS}
@@ -215,8 +215,10 @@ def failures(p):
     launches += [_cpu_job("debug_job", DEBUG_JOB_PROCESSES),
                  _cpu_job("detail_mismatch", DEBUG_JOB_PROCESSES),
                  _cpu_job("debugging_check", DEBUG_JOB_PROCESSES),
-                 _ddp("restart", p, rounds=2, **run), _ddp("uninterrupted", p, **run),
-                 _cpu_job("debug_eval_job", DEBUG_JOB_PROCESSES),
+                 _ddp("restart", p, rounds=2, **run), _ddp("uninterrupted", p, **run)]
+    if p.ddp_device == "cuda":  # GPUs round differently run to run: the same job again
+        launches.append(_ddp("uninterrupted_again", p, **run))
+    launches += [_cpu_job("debug_eval_job", DEBUG_JOB_PROCESSES),
                  _cpu_job("eval_debugging_check", DEBUG_JOB_PROCESSES)]
     return Failures(steps, p.nproc - 1, FAILURE_EPOCHS, launches)
 

@@ -28,8 +28,13 @@ machine, the notebooks executed in the CPU profile:
 - ``SMALL_RUN_S`` (measured on the CPU): the work of a job of its own small size (an
   exercise's check, a small demo): those jobs took 7.9-10.6 s in all, start included;
 - ``IN_KERNEL_S``: a measurement in the notebook's kernel, by name: measured where it runs
-  the same on every profile (05's exercise check trains digits on the CPU), else assumed
-  (the largest-batch search, DataParallel, the noise scale, the input feed);
+  the same on every profile (05's exercise check trains digits on the CPU);
+  ``PRICED_IN_KERNEL_S``: priced from the H200's figures (05's largest-batch search: the
+  smoke's four searches took 19 s, 05 runs two; the knee: 26 steps at each of seven
+  batches, 7 ms a step up to batch 128 and 8.8, 16 and 32 ms at 256, 512 and 1,024 from
+  the samples/s measured there, 2.2 s, with cuDNN's choice of kernels for each shape and
+  the data, 7 s; the input feed: three feeds of 96 steps at about 8 ms, and two workers'
+  start, 6 s); else assumed (DataParallel, the noise scale);
   ``ASSUMED_S``: the bench and notebook 07's experiments on GPUs;
 - ``WAITS_S``: the timeouts a notebook waits out on purpose (its hangs), read from its
   cells (a test holds them to the notebooks). Only the waits that happen count: under
@@ -74,6 +79,7 @@ CPU_LAUNCH_S = START_S
 SMALL_RUN_S = 4.0  # the small jobs' 7.9-10.6 s in all, less START_S
 # In the kernel: measured where the work is the same on every profile, else assumed.
 IN_KERNEL_S = {"fit_in_memory_check": 5.5}
+PRICED_IN_KERNEL_S = {"largest_batch": 10.0, "knee": 7.0, "input_feed": 6.0}
 ASSUMED_IN_KERNEL_S = 20.0
 KERNEL_S = 10.0
 ASSUMED_S = {"bench": 90.0, "experiments": 60.0}  # bench --quick; 5 rounds per variant
@@ -138,8 +144,12 @@ def price(launch):
     if launch.name in ASSUMED_S:
         work, what = ASSUMED_S[launch.name], "assumed"
     elif launch.in_kernel:
-        work = IN_KERNEL_S.get(launch.name, ASSUMED_IN_KERNEL_S)
-        what = "measured" if launch.name in IN_KERNEL_S else "assumed"
+        if launch.name in IN_KERNEL_S:
+            work, what = IN_KERNEL_S[launch.name], "measured"
+        elif launch.name in PRICED_IN_KERNEL_S:
+            work, what = PRICED_IN_KERNEL_S[launch.name], "priced from one GPU's figures"
+        else:
+            work, what = ASSUMED_IN_KERNEL_S, "assumed"
     elif launch.epochs is None:
         work, what = SMALL_RUN_S, "a small job"
     elif launch.processes == 1:
