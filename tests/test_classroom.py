@@ -315,7 +315,7 @@ def classroom(request):
         result = subprocess.run([sys.executable, str(KIT), "--state", str(state), "down",
                                  "--purge"], capture_output=True, text=True, timeout=120)
         print(f"classroom.py down: {result.stdout}{result.stderr}")
-        kit = load_kit()
+        kit = load_kit("kit")
         left = [name for name in (accounts.grader, *accounts.learners) if kit.user_exists(name)]
         assert not left, f"accounts left behind: {left}"
         shutil.rmtree(state, ignore_errors=True)
@@ -1636,7 +1636,7 @@ def class_of_30(classroom, class_day):
     # The local spawner again after SLURM's; the survey anonymous from now on.
     kit(state, "init", *classroom["init_args"], "--anonymous-survey")
     kit(state, "accounts", "add", str(CLASS_SIZE), "--prefix", accounts.learner_prefix)
-    names = load_kit().learner_names(accounts.learner_prefix, CLASS_SIZE)
+    names = load_kit("kit_accounts").learner_names(accounts.learner_prefix, CLASS_SIZE)
     secret = passwords(state)
     folder = Path(tempfile.mkdtemp(prefix="ddp-classroom-30-"))
     result = {"names": names, "timings": {},
@@ -1876,11 +1876,14 @@ def test_make_classroom_runs_the_kit_in_order(tmp_path):
     assert add.endswith(f"accounts add 3 --prefix {accounts.learner_prefix}")
 
 
-def load_kit():
-    spec = importlib.util.spec_from_file_location("classroom_kit", KIT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_kit(module="kit_serve"):
+    """One of the class kit's modules beside classroom.py, imported as classroom.py imports
+    it (kit_serve: the hub's checks; kit: what every command shares)."""
+    sys.path.insert(0, str(KIT.parent))
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(str(KIT.parent))
 
 
 def test_serve_names_each_limit_this_host_cannot_enforce(capsys, monkeypatch, tmp_path):
@@ -1924,7 +1927,7 @@ def test_serve_names_each_limit_this_host_cannot_enforce(capsys, monkeypatch, tm
 def test_a_class_folder_under_a_private_one_is_refused(tmp_path):
     """pytest's temporary folders, like root's home, are closed to other accounts: a class
     there would start and then fail every learner's server."""
-    kit_module = load_kit()
+    kit_module = load_kit("kit")
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     assert kit_module.closed_folders(private / "class") == [private] + [
@@ -1946,7 +1949,7 @@ def test_the_learners_lab_keeps_the_assignment_list_and_drops_instructor_panels(
 
 
 def test_the_class_pins_exact_versions():
-    pins = load_kit().classroom_pins()
+    pins = load_kit("kit_env").classroom_pins()
     assert pins and all(re.fullmatch(r"[\w-]+==[\w.]+", pin) for pin in pins), pins
     assert {pin.split("==")[0] for pin in pins} == {"jupyterhub", "batchspawner",
                                                      "jupyterhub-idle-culler"}
@@ -1956,7 +1959,7 @@ def test_console_scripts_move_to_the_class_python_and_other_files_stay(tmp_path)
     """The course environment's scripts start its own Python, which learners cannot run:
     the class environment's copies start the class's Python, whichever path (with or
     without symbolic links) the course environment was built through."""
-    kit_module = load_kit()
+    kit_module = load_kit("kit_env")
     course_bins = {"/work/main/.venv/bin", "/real/main/.venv/bin"}
     for interpreter in ("/work/main/.venv/bin/python", "/real/main/.venv/bin/python3.11"):
         script = tmp_path / "jupyter"
@@ -1981,7 +1984,7 @@ def tls_args(**given):
 
 
 def test_plain_http_is_refused_off_the_loopback_unless_asked_for(tmp_path):
-    kit_module = load_kit()
+    kit_module = load_kit("kit_init")
     assert kit_module.tls_files(tmp_path, tls_args()) == (None, None)
     with pytest.raises(kit_module.KitError, match="--insecure-http"):
         kit_module.tls_files(tmp_path, tls_args(ip="0.0.0.0"))
@@ -1993,7 +1996,7 @@ def test_plain_http_is_refused_off_the_loopback_unless_asked_for(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
 def test_self_signed_makes_a_certificate_for_the_name_only_root_reads_its_key(tmp_path):
-    kit_module = load_kit()
+    kit_module = load_kit("kit_init")
     cert, key = kit_module.tls_files(tmp_path, tls_args(ip="0.0.0.0",
                                                         self_signed="class.example.org"))
     shown = subprocess.run(["openssl", "x509", "-in", cert, "-noout", "-subject", "-ext",
@@ -2007,7 +2010,7 @@ def test_self_signed_makes_a_certificate_for_the_name_only_root_reads_its_key(tm
 
 
 def test_the_handout_has_one_card_per_learner_and_only_root_reads_it(tmp_path):
-    kit_module = load_kit()
+    kit_module = load_kit("kit_accounts")
     kit_module.save_learner_passwords(tmp_path, {"learner01": "abcdEFGH3467",
                                                  "learner02": "qrstUVWX9467"})
     sheet = kit_module.write_handout(tmp_path, {"ip": "10.0.0.5", "port": 8000,
@@ -2021,7 +2024,7 @@ def test_the_handout_has_one_card_per_learner_and_only_root_reads_it(tmp_path):
 
 
 def test_sizes_are_read_with_their_unit():
-    kit_module = load_kit()
+    kit_module = load_kit("kit")
     assert kit_module.parse_size("8G") == 8 * 2**30
     assert kit_module.parse_size("64m") == 64 * 2**20
     assert kit_module.parse_size("0") == 0
@@ -2034,7 +2037,7 @@ def test_init_refuses_a_course_exchange_folder_another_account_made_first(tmp_pa
     """A learner who made exchange/<course> before `init` would own the release and read
     every submission: init names the folder and stops. Two system accounts stand in for
     the grader (daemon) and the squatter (nobody)."""
-    kit_module = load_kit()
+    kit_module = load_kit("kit_init")
     course = tmp_path / "exchange" / COURSE_ID
     course.mkdir(parents=True)
     nobody = pwd.getpwnam("nobody")

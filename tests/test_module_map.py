@@ -16,11 +16,23 @@ def test_the_module_map_lists_every_module():
                                f"listed but gone: {sorted(listed - present)}")
 
 
+ONE_SITTING = 400  # lines: a module a maintainer reads in one sitting (findings.py had 999)
+# Still to split by concern (issue 41), held where they are so that they only shrink: the
+# grader's checks and its recorder, shipped to learners.
+NOT_YET_SPLIT = {"assessment/source/ddp_refactor/ddp_checks.py": 1062,
+                 "assessment/source/ddp_refactor/ddp_recorder.py": 968}
+
+
 def test_no_module_is_longer_than_one_sitting():
-    """400 lines: a module a maintainer reads in one sitting (findings.py once had 999)."""
-    long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 400}
+    """The library, the assessment's sources and the deployment kit: every module within
+    ONE_SITTING lines, but the two NOT_YET_SPLIT, which may not grow."""
+    modules = [*PACKAGE.rglob("*.py"), *(REPO / "assessment" / "source").rglob("*.py"),
+               *(REPO / "deploy").rglob("*.py")]
+    long = {path: n for p in modules
+            if (n := len(p.read_text().splitlines())) > ONE_SITTING
+            and NOT_YET_SPLIT.get(path := str(p.relative_to(REPO)), 0) < n}
     assert not long, f"split these by idea: {long}"
+    assert all((REPO / path).is_file() for path in NOT_YET_SPLIT), "split: drop it from the list"
 
 
 def test_findings_has_one_module_per_notebook_named_like_it():
