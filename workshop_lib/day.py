@@ -89,7 +89,7 @@ SESSIONS = (
             "size, global and local rank; predict what each rank sees; measure the same "
             "accuracy in less time and read its speed-up as weak scaling, its efficiency and "
             "each step's overhead (strong scaling too; optional: the bench, DDP from two "
-            "collectives)", (80, 80),
+            "collectives)", (85, 85),
             # cpu_run measured, papermill on a loaded 2-core machine (CPU profile, digits,
             # reference solutions): the core cells 232 s (setup 11, the learner's launch 35
             # and check 35, the 1-vs-N comparison 143), the optional ones 229 s (bench 193,
@@ -123,7 +123,8 @@ SESSIONS = (
                                        ("where a step's time goes", 8)))),
     Session("assessment/release/ddp_refactor/ddp_refactor.ipynb",
             "convert another single-device script yourself; graded by what your job does",
-            (60, 75), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),
+            # 60-70: its budget is 65; 5 of its 75 went to 02's slack
+            (60, 70), Budget(reading=5, exercises=50, cpu_run=10, gpu_run=5)),
     Session("notebooks/06_beyond_one_machine.ipynb",
             "data prepared once on each node's local rank 0 behind a barrier, data as record "
             "shards, two nodes and a lost node, SLURM and Kubernetes jobs",
