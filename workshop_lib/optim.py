@@ -16,6 +16,22 @@ OPTIMIZERS = ("sgd", "lars", "lamb")
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
 
 
+def with_gradients(optimizer):
+    """``(group, parameter)`` for every parameter of ``optimizer`` that has a gradient."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                yield group, p
+
+
+def trust_ratio(weights, update, coefficient, eps=0.0):
+    """``coefficient x ||weights|| / ||update||``: scaled by it, the update moves the tensor
+    by that share of its own norm; 1 where either norm is 0."""
+    w_norm, u_norm = torch.linalg.vector_norm(weights), torch.linalg.vector_norm(update)
+    return torch.where((w_norm > 0) & (u_norm > 0), coefficient * w_norm / (u_norm + eps),
+                       torch.ones_like(w_norm))
+
+
 class LARS(torch.optim.Optimizer):
     """SGD with momentum whose per-tensor step is scaled by a trust ratio.
 
@@ -32,25 +48,18 @@ class LARS(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                update = p.grad
-                if p.ndim > 1:
-                    update = update.add(p, alpha=group["weight_decay"])
-                    w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
-                    trust = torch.where(
-                        (w_norm > 0) & (u_norm > 0),
-                        group["trust_coefficient"] * w_norm / (u_norm + group["eps"]),
-                        torch.ones_like(w_norm))
-                    update = update * trust
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = update.clone()
-                else:
-                    state["momentum_buffer"].mul_(group["momentum"]).add_(update)
-                p.add_(state["momentum_buffer"], alpha=-group["lr"])
+        for group, p in with_gradients(self):
+            update = p.grad
+            if p.ndim > 1:
+                update = update.add(p, alpha=group["weight_decay"])
+                update = update * trust_ratio(p, update, group["trust_coefficient"],
+                                              group["eps"])
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = update.clone()
+            else:
+                state["momentum_buffer"].mul_(group["momentum"]).add_(update)
+            p.add_(state["momentum_buffer"], alpha=-group["lr"])
         return loss
 
 
@@ -72,28 +81,21 @@ class LAMB(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["beta1"], group["beta2"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
-                state["step"] += 1
-                state["m"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                m_hat = state["m"] / (1 - beta1 ** state["step"])
-                v_hat = state["v"] / (1 - beta2 ** state["step"])
-                update = m_hat / (v_hat.sqrt() + group["eps"])
-                if p.ndim > 1:
-                    update.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
-                trust = torch.where((w_norm > 0) & (u_norm > 0),
-                                    group["trust_coefficient"] * w_norm / u_norm,
-                                    torch.ones_like(w_norm))
-                p.add_(update * trust, alpha=-group["lr"])
+        for group, p in with_gradients(self):
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            state["m"].mul_(group["beta1"]).add_(p.grad, alpha=1 - group["beta1"])
+            state["v"].mul_(group["beta2"]).addcmul_(p.grad, p.grad, value=1 - group["beta2"])
+            m_hat = state["m"] / (1 - group["beta1"] ** state["step"])
+            v_hat = state["v"] / (1 - group["beta2"] ** state["step"])
+            update = m_hat / (v_hat.sqrt() + group["eps"])
+            if p.ndim > 1:
+                update.add_(p, alpha=group["weight_decay"])
+            p.add_(update * trust_ratio(p, update, group["trust_coefficient"]),
+                   alpha=-group["lr"])
         return loss
 
 
