@@ -16,14 +16,6 @@ OPTIMIZERS = ("sgd", "lars", "lamb")
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
 
 
-def with_gradients(optimizer):
-    """``(group, parameter)`` for every parameter of ``optimizer`` that has a gradient."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                yield group, p
-
-
 def trust_ratio(weights, update, coefficient, eps=0.0):
     """``coefficient x ||weights|| / ||update||``: scaled by it, the update moves the tensor
     by that share of its own norm; 1 where either norm is 0."""
@@ -32,7 +24,21 @@ def trust_ratio(weights, update, coefficient, eps=0.0):
                        torch.ones_like(w_norm))
 
 
-class LARS(torch.optim.Optimizer):
+class _PerTensor(torch.optim.Optimizer):
+    """An optimizer whose step updates each tensor that has a gradient by itself
+    (``update``), as LARS and LAMB do."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.update(group, p)
+        return loss
+
+
+class LARS(_PerTensor):
     """SGD with momentum whose per-tensor step is scaled by a trust ratio.
 
     Biases and normalisation parameters (tensors with one dimension) are excluded from
@@ -45,25 +51,20 @@ class LARS(torch.optim.Optimizer):
                         trust_coefficient=trust_coefficient, eps=eps)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group, p in with_gradients(self):
-            update = p.grad
-            if p.ndim > 1:
-                update = update.add(p, alpha=group["weight_decay"])
-                update = update * trust_ratio(p, update, group["trust_coefficient"],
-                                              group["eps"])
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = update.clone()
-            else:
-                state["momentum_buffer"].mul_(group["momentum"]).add_(update)
-            p.add_(state["momentum_buffer"], alpha=-group["lr"])
-        return loss
+    def update(self, group, p):
+        update = p.grad
+        if p.ndim > 1:
+            update = update.add(p, alpha=group["weight_decay"])
+            update = update * trust_ratio(p, update, group["trust_coefficient"], group["eps"])
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = update.clone()
+        else:
+            state["momentum_buffer"].mul_(group["momentum"]).add_(update)
+        p.add_(state["momentum_buffer"], alpha=-group["lr"])
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(_PerTensor):
     """Adam's step, scaled per tensor by a trust ratio (You et al. 2019, "Large Batch
     Optimization for Deep Learning"): the Adam direction ``r = m / (sqrt(v) + eps)`` (moments
     bias-corrected, ``beta1`` the course's ``--momentum``) plus weight decay, times
@@ -78,25 +79,20 @@ class LAMB(torch.optim.Optimizer):
                         trust_coefficient=trust_coefficient, eps=eps)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group, p in with_gradients(self):
-            state = self.state[p]
-            if not state:
-                state["step"] = 0
-                state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
-            state["step"] += 1
-            state["m"].mul_(group["beta1"]).add_(p.grad, alpha=1 - group["beta1"])
-            state["v"].mul_(group["beta2"]).addcmul_(p.grad, p.grad, value=1 - group["beta2"])
-            m_hat = state["m"] / (1 - group["beta1"] ** state["step"])
-            v_hat = state["v"] / (1 - group["beta2"] ** state["step"])
-            update = m_hat / (v_hat.sqrt() + group["eps"])
-            if p.ndim > 1:
-                update.add_(p, alpha=group["weight_decay"])
-            p.add_(update * trust_ratio(p, update, group["trust_coefficient"]),
-                   alpha=-group["lr"])
-        return loss
+    def update(self, group, p):
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+        state["step"] += 1
+        state["m"].mul_(group["beta1"]).add_(p.grad, alpha=1 - group["beta1"])
+        state["v"].mul_(group["beta2"]).addcmul_(p.grad, p.grad, value=1 - group["beta2"])
+        m_hat = state["m"] / (1 - group["beta1"] ** state["step"])
+        v_hat = state["v"] / (1 - group["beta2"] ** state["step"])
+        update = m_hat / (v_hat.sqrt() + group["eps"])
+        if p.ndim > 1:
+            update.add_(p, alpha=group["weight_decay"])
+        p.add_(update * trust_ratio(p, update, group["trust_coefficient"]), alpha=-group["lr"])
 
 
 def build(name, params, lr, momentum, weight_decay):
