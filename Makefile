@@ -2,7 +2,8 @@
 #   make lab        set up (first time only) and open the course in JupyterLab, as learners use it
 #   make instructor JupyterLab on the whole repository, with nbgrader's formgrader
 #   make test       set up (first time only) and run the whole test suite
-#   make test-fast  the tests that start no processes (under a minute): everyday work
+#   make test-fast  the tests that start no processes (under a minute)
+#   make test-mid   test-fast, then the training parts' real runs and notebook 00 (~3 min)
 #   make check-labs every exercise's check fails its stub and passes its solution
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
 #                   (torch alone: PYTHONPATH=. python -m workshop_lib.gpu_check --smoke)
@@ -17,13 +18,13 @@ PORT ?= 8888
 # JupyterLab refuses to run as root unless told; CI and containers run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab instructor test test-class test-fast check-labs gpu-check learner-kit classroom doctor \
+.PHONY: setup lab instructor test test-class test-fast test-mid check-labs gpu-check learner-kit classroom doctor \
 	lint html bench clean
 
 # The learner kit (make learner-kit, below) is this repository without tests/ and the
 # instructor's part of assessment/: the targets that need those say so there, before
 # anything runs.
-REPOSITORY_ONLY := test test-fast lint instructor gpu-check learner-kit classroom
+REPOSITORY_ONLY := test test-fast test-mid lint instructor gpu-check learner-kit classroom
 ifeq ($(wildcard tests),)
 ifneq ($(filter $(REPOSITORY_ONLY),$(MAKECMDGOALS)),)
 $(error make $(filter $(REPOSITORY_ONLY),$(MAKECMDGOALS)): not in the learner kit, which has no tests/ and no instructor's assessment/; run it in the course repository)
@@ -89,6 +90,15 @@ test-class: setup
 test-fast: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
 	$(BIN)/python -m pytest -m "not slow" -q
+
+# Everyday work, in a few minutes: the fast tier, then the real multi-process runs of the
+# training parts (launcher, DDP, process groups, training, sweeps, the trace, faults) and
+# notebook 00 end to end under papermill.
+MID_TESTS := tests/test_notebook_00.py tests/test_launch.py tests/test_training.py \
+	tests/test_ddp.py tests/test_process_group.py tests/test_sweep.py tests/test_trace.py \
+	tests/test_reliability.py
+test-mid: test-fast
+	$(BIN)/python -m pytest -m slow -q $(MID_TESTS)
 
 # Every exercise's check fails its stub and passes its reference solution, fails the runs
 # the notebook made before it, refuses overrides (make test proves the same through the

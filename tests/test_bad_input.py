@@ -161,6 +161,7 @@ ENTRY_POINTS = ["workshop_lib.__main__", "workshop_lib.train", "workshop_lib.tra
                 "workshop_lib.launch.__main__",
                 "workshop_lib.doctor", "workshop_lib.data", "workshop_lib.gpu_check.__main__",
                 "workshop_lib.gpu_check.probes", "workshop_lib.gpu_check.run_notebook",
+                "workshop_lib.gpu_check.stuck_collective",
                 "workshop_lib.labs.__main__", "workshop_lib.labs._from_scratch_job",
                 "workshop_lib.sweep", "workshop_lib.uneven_inputs",
                 "workshop_lib.naive_ddp", "workshop_lib.inside_ddp.verify",

@@ -7,13 +7,13 @@ Python, ends the rank: within the timeout and about 25 s, its log naming the col
     torchrun --standalone --nproc-per-node=1 -m workshop_lib.gpu_check.stuck_collective \\
         --timeout-s 5 --kernel-s 90
 """
-import argparse
-import datetime
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+
+from workshop_lib import cli, distributed
 
 
 def cycles_per_second(device):
@@ -29,7 +29,7 @@ def cycles_per_second(device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m workshop_lib.gpu_check.stuck_collective")
+    parser = cli.ArgumentParser(prog="python -m workshop_lib.gpu_check.stuck_collective")
     parser.add_argument("--timeout-s", type=float, default=5.0,
                         help="the process group's collective timeout")
     parser.add_argument("--kernel-s", type=float, default=90.0,
@@ -40,19 +40,16 @@ def main(argv=None):
               "--nproc-per-node=1 -m workshop_lib.gpu_check.stuck_collective", file=sys.stderr)
         return 2
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.timeout_s),
-                            device_id=device)
-    x = torch.ones(1024, device=device)
-    dist.all_reduce(x)
-    torch.cuda.synchronize(device)  # the group works: what follows is the timeout alone
-    torch.cuda._sleep(int(args.kernel_s * cycles_per_second(device)))
-    dist.all_reduce(x)  # queued behind the kernel: it cannot finish within the timeout
-    print(f"[rank {dist.get_rank()}] all-reduce queued behind a {args.kernel_s:.0f} s kernel, "
-          f"timeout {args.timeout_s:.0f} s", flush=True)
-    torch.cuda.synchronize(device)
-    print("not stopped: the all-reduce finished after the kernel", flush=True)
-    dist.destroy_process_group()
+    with distributed.process_group("nccl", timeout_s=args.timeout_s, device=device):
+        x = torch.ones(1024, device=device)
+        dist.all_reduce(x)
+        torch.cuda.synchronize(device)  # the group works: what follows is the timeout alone
+        torch.cuda._sleep(int(args.kernel_s * cycles_per_second(device)))
+        dist.all_reduce(x)  # queued behind the kernel: it cannot finish within the timeout
+        print(f"[rank {dist.get_rank()}] all-reduce queued behind a {args.kernel_s:.0f} s "
+              f"kernel, timeout {args.timeout_s:.0f} s", flush=True)
+        torch.cuda.synchronize(device)
+        print("not stopped: the all-reduce finished after the kernel", flush=True)
     return 0
 
 
