@@ -1193,9 +1193,7 @@ INSTRUCTION_WORDS = 600  # the notebook's reading budget: about five minutes
 def visible_words(markdown):
     """The words a learner reads without opening a collapsed part: a <details> block counts
     only its <summary>; tags, table rules and punctuation alone are not words."""
-    folded = re.sub(r"<details>\s*<summary>(.*?)</summary>.*?</details>", r"\1", markdown,
-                    flags=re.S)
-    return re.findall(r"[A-Za-z0-9]\S*", re.sub(r"<[^>]+>", "", folded))
+    return re.findall(r"[A-Za-z0-9]\S*", re.sub(r"<[^>]+>", "", visible_text(markdown)))
 
 
 def test_the_instructions_fit_their_reading_budget_the_rest_folded():

@@ -388,6 +388,16 @@ def test_the_knee_reads_a_launch_bound_gpu_below_its_knee_and_quotes_the_trace()
     assert "the GPU idle 75% of a step" in found.text
 
 
+def test_one_knee_rule_for_the_exercise_the_finding_and_the_smoke_check():
+    """The exercise's recorded curves, the finding and the smoke check judge the same knee."""
+    from workshop_lib.gpu_check import smoke
+    from workshop_lib.labs import worked_example as lab
+
+    assert smoke.KNEE_SHARE == nb05.KNEE_SHARE
+    for _, curve, knee in lab.KNEE_CURVES:
+        assert nb05.knee(knee_curve("cpu", curve), knee, min(curve))["knee"].holds, curve
+
+
 def test_the_knee_says_a_filled_device_is_filled_and_corrects_a_wrong_knee():
     flat = knee_curve("cuda:0", {128: 9_500, 256: 9_800, 512: 9_900})
     found = nb05.knee(flat, 128, 128)["knee"]

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from workshop_lib import cli, data, memory, models, runlog
+from workshop_lib.findings.worked_example import KNEE_SHARE
 from workshop_lib.labs import Exercise, Verdict, register
 from workshop_lib.precision import PLAIN, Precision
 
@@ -226,8 +227,8 @@ register(Exercise("fit_in_memory", "05_worked_example", "train at global batch 2
                   refused=budget_overrides))
 
 
-# Find the knee. Curves {batch per device: samples/s}, each with the batch the rule gives.
-KNEE_SHARE = 0.9
+# Find the knee. Curves {batch per device: samples/s}, each with the batch the rule gives
+# (findings.worked_example.KNEE_SHARE: within 10% of the best).
 KNEE_CURVES = (
     # One H200, wrn-16-10 on Fashion-MNIST, bf16 and channels_last (2026-12-04,
     # BENCHMARKS.md "The course on one GPU"): launch-bound at 128, filled from 256.
