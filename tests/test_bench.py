@@ -91,6 +91,26 @@ def test_loop_overhead_and_data_path_are_positive_ratios(quick_bench):
 
 
 @pytest.mark.slow
+def test_the_gpu_checks_bench_step_reads_the_benchs_own_report(quick_bench):
+    """The smoke's one-process bench step (gpu_check.notebook_parts) reads this report's
+    keys: its figures carry the loop overhead, the data path and the precision ratios, and
+    a data path without record shards says why."""
+    from workshop_lib.gpu_check import notebook_parts
+
+    report, _ = quick_bench
+    figures = notebook_parts.bench_figures(report)
+    overhead = report["loop_overhead"][0]
+    assert figures[0].startswith(f"loop overhead, course batch {overhead['batch_size']}: ")
+    assert f"{overhead['ratio']['median']:.3f} of a bare loop" in figures[0]
+    assert any("record shards" in line and "DataLoader with 2 workers" in line
+               for line in figures)
+    assert any(line.startswith("against fp32 at batch") and "bf16" in line for line in figures)
+    skipped = {**report, "data_path": {**report["data_path"], "rows": [],
+                                       "skipped": solo.shards_skipped() or "webdataset absent"}}
+    assert notebook_parts.bench_figures(skipped)[-2] == skipped["data_path"]["skipped"]
+
+
+@pytest.mark.slow
 def test_allreduce_bandwidth_rises_with_message_size(quick_bench):
     report, _ = quick_bench
     communication = report["communication"]

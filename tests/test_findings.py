@@ -390,10 +390,10 @@ def test_the_knee_reads_a_launch_bound_gpu_below_its_knee_and_quotes_the_trace()
 
 def test_one_knee_rule_for_the_exercise_the_finding_and_the_smoke_check():
     """The exercise's recorded curves, the finding and the smoke check judge the same knee."""
-    from workshop_lib.gpu_check import smoke
+    from workshop_lib.gpu_check import notebook_parts
     from workshop_lib.labs import worked_example as lab
 
-    assert smoke.KNEE_SHARE == nb05.KNEE_SHARE
+    assert notebook_parts.KNEE_SHARE == nb05.KNEE_SHARE
     for _, curve, knee in lab.KNEE_CURVES:
         assert nb05.knee(knee_curve("cpu", curve), knee, min(curve))["knee"].holds, curve
 
@@ -544,6 +544,14 @@ def test_a_comm_hook_keeps_the_accuracy_within_its_bar():
     assert not found["hook_powersgd_rank1"].holds and found["hook_powersgd_rank4"].holds
     worse = nb07.comm_hooks(inside_ddp_results(hooks={"bf16": (188372, 0.95)}))
     assert not worse["hook_bf16"].holds and "-2.5 pp" in worse["hook_bf16"].text
+    # Without numpy (a bare GPU image) PowerSGD is left out, and the findings say why.
+    results = inside_ddp_results()
+    for name in ("powersgd_rank1", "powersgd_rank4"):
+        del results["comm_hooks"][name]
+    results["comm_hooks"]["skipped"] = "PowerSGD left out: torch's PowerSGDState imports numpy"
+    bare = nb07.comm_hooks(results)
+    assert bare["hooks_skipped"].skipped and "imports numpy" in bare["hooks_skipped"].text
+    assert [f.key for f in bare] == ["hooks_skipped", "hook_fp16", "hook_bf16"]
 
 
 def test_compile_is_skipped_when_not_asked_and_judged_when_timed():

@@ -26,6 +26,7 @@ from workshop_lib.gpu_check import (
     failures,
     full,
     library,
+    notebook_parts,
     probes,
     process,
     report,
@@ -602,7 +603,10 @@ def test_the_check_imports_nothing_but_the_standard_library_and_torch():
                                     "workshop_lib.labs.conversion_data", "workshop_lib.memory",
                                     "workshop_lib.models", "workshop_lib.checkpoint",
                                     "workshop_lib.runlog", "workshop_lib.throughput",
-                                    "workshop_lib.launch", "workshop_lib.train_ddp"])
+                                    "workshop_lib.launch", "workshop_lib.train_ddp",
+                                    "workshop_lib.inside_ddp.experiments",
+                                    "workshop_lib.findings.inside_ddp",
+                                    "workshop_lib.bench.__main__"])
 def test_what_the_smokes_gpu_steps_run_needs_only_torch_and_the_standins(module):
     """Each module a smoke step runs imports, at module level, only the standard library,
     torch, and packages the smoke has a stand-in for (scikit-learn's digits, tqdm)."""
@@ -620,7 +624,8 @@ def test_every_library_call_of_the_smoke_names_an_existing_entry_point():
     assert library.CONVERSION_SOLUTION.is_file()
     assert "cap" in inspect.signature(memory.largest_batch).parameters
     for command in (library.equivalence("e.json"), library.trace("t"), library.train("o"),
-                    library.doctor()):
+                    library.doctor(), library.bench_quick("b.json", True),
+                    library.inside_ddp("i.json")[4:]):  # after torchrun's own arguments
         target = command[1] if command[0] == "-m" else command[0]
         assert importlib.util.find_spec(target) is not None, target
     assert library.trace_step_prefix()
@@ -950,11 +955,20 @@ def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
     a GPU."""
     wanted = ("equivalence, 1 rank on CUDA [item 1]",
               "conversion reference, 1 rank on CUDA [item 2]", "trace on CUDA, 1 rank [item 3]",
-              "the profile's speed: the knee, precision and layout", smoke.FP32_RUN)
+              "the profile's speed: the knee, precision and layout",
+              "notebook 07's parts, 1 rank", smoke.FP32_RUN)
     chosen = [step for step in smoke.steps() if step.name in wanted]
     outcomes = steps.run_steps(context(tmp_path, rehearsal=True), chosen, say=lambda line: None)
-    assert [o.status for o in outcomes] == [PASS] * 5, [(o.name, o.reason) for o in outcomes]
-    equivalence, conversion, trace, speed, run = outcomes  # in the smoke's order
+    assert [o.status for o in outcomes] == [PASS] * 6, [(o.name, o.reason) for o in outcomes]
+    equivalence, conversion, trace, speed, parts, run = outcomes  # in the smoke's order
+    # 07's parts on one rank (experiments --one-rank): every part ran, FSDP judged the same
+    # as DDP; torch.compile, minutes on a CPU, is named as left out.
+    assert set(parts.values["seconds"]) == {"allreduce", "timing", "zero1", "comm_hooks",
+                                            "fsdp"}
+    assert parts.values["world_size"] == 1 and parts.values["allreduce_fit"] is None
+    assert any(line.startswith("fully_shard on 1 rank trained the course CNN as DDP does")
+               for line in parts.figures)
+    assert any("torch.compile: not run on the CPU" in line for line in parts.figures)
     # The CPU profile's sizes: the curve around its batch, its knee one of the batches, and
     # the four precision x layout variants at the profile's batch, against fp32.
     assert speed.values["batch_size"] == profile.SIZES[("cpu", "digits")].batch_size
@@ -991,12 +1005,12 @@ def launcher_result(stuck_ok=False, seconds=27.0, watchdog=WATCHDOG_SAID, launch
 
 
 def test_the_launcher_step_passes_only_a_timeout_the_watchdog_ended_in_time():
-    assert smoke.launcher_problem(launcher_result()) is None
-    assert "past its 5 s timeout + 30 s" in smoke.launcher_problem(launcher_result(seconds=40))
-    assert "nothing stopped it" in smoke.launcher_problem(launcher_result(stuck_ok=True))
-    assert "no NCCL watchdog report" in smoke.launcher_problem(launcher_result(watchdog=None))
-    assert "the one-rank DDP launch failed" in smoke.launcher_problem(
-        launcher_result(launch_ok=False))
+    problem = notebook_parts.launcher_problem
+    assert problem(launcher_result()) is None
+    assert "past its 5 s timeout + 30 s" in problem(launcher_result(seconds=40))
+    assert "nothing stopped it" in problem(launcher_result(stuck_ok=True))
+    assert "no NCCL watchdog report" in problem(launcher_result(watchdog=None))
+    assert "the one-rank DDP launch failed" in problem(launcher_result(launch_ok=False))
     assert probes.STUCK_BAR_S == probes.STUCK_TIMEOUT_S + 30
     assert probes.STUCK_LIMIT_S > probes.STUCK_BAR_S  # the launcher's limit is no pass
 

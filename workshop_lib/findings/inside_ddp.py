@@ -149,7 +149,11 @@ def comm_hooks(results):
     plain = hooks["allreduce"]
     plain_bytes, plain_acc = plain["bytes_per_step"][-1], plain["val_acc"]
     found = Findings()
+    if hooks.get("skipped"):
+        found.append(skipped("hooks_skipped", hooks["skipped"]))
     for name, label in HOOK_NAMES.items():
+        if name not in hooks:
+            continue
         hook = hooks[name]
         sent = hook["bytes_per_step"][-1]
         delta_pp = 100 * (hook["val_acc"] - plain_acc)
@@ -216,12 +220,13 @@ def fsdp_sharding(results, model_name, parameters):
     held = {name: sum(values[0] for values in result["held"][name].values())
             for name in ("ddp", "fsdp")}
     share = held["fsdp"] / held["ddp"]
+    ranks = f"{n} rank{'s' * (n > 1)}"
     found.append(Finding(
-        "fsdp_same", f"fully_shard on {n} ranks trained the course CNN as DDP does: largest "
+        "fsdp_same", f"fully_shard on {ranks} trained the course CNN as DDP does: largest "
                      f"parameter difference after {result['steps']} Adam steps "
                      f"{result['max_difference']:.1e} (the bar: {SAME_PARAMETERS:.0e}; training "
                      f"moved them {result['moved']:.1e})." if same else
-        f"fully_shard on {n} ranks ended {result['max_difference']:.1e} from DDP after "
+        f"fully_shard on {ranks} ended {result['max_difference']:.1e} from DDP after "
         f"{result['steps']} Adam steps: more than the {SAME_PARAMETERS:.0e} of float rounding.",
         holds=same))
     sharded = share <= BALANCED / n

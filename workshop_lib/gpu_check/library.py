@@ -23,6 +23,14 @@ def torchrun(nproc, *target):
             *map(str, target)]
 
 
+def inside_ddp(out_json, device=None):
+    """Notebook 07's parts on one rank; torch.compile on a GPU only (minutes on a CPU)."""
+    device = device or DEVICE
+    return torchrun(1, "-m", "workshop_lib.inside_ddp.experiments", "--one-rank", "--device",
+                    device, "--compile", "1" if device == "cuda" else "0", "--rounds", "3",
+                    "--out", str(out_json))
+
+
 def doctor():
     return ["-m", "workshop_lib", "doctor"]
 
@@ -55,8 +63,8 @@ def gpu_tests(*extra):
             str(REPO / "tests" / "test_gpu.py"), *extra]
 
 
-def bench_quick(out_json, one_gpu):
-    shape = ["--device", "cuda", "--nproc", "1"] if one_gpu else []
+def bench_quick(out_json, one_gpu, device=None):
+    shape = ["--device", device or DEVICE, "--nproc", "1"] if one_gpu else []
     return ["-m", "workshop_lib.bench", "--quick", *shape, "--out", str(out_json)]
 
 

@@ -1,15 +1,16 @@
 """``python -m workshop_lib.gpu_check --smoke``: what one GPU can check of the course, in
 a few minutes, with torch alone installed.
 
-Steps (issue 20's items in brackets), each a subprocess under its own time limit:
-the CUDA device's facts; ``doctor``; ``equivalence`` under a 1-rank torchrun on CUDA,
-SyncBatchNorm included [1]; notebook 02's reference conversion script under a 1-rank
-torchrun [2]; the profiler trace on CUDA, keeping the trace file, with the GPU's idle share
-of a step [3]; the GPU profile's samples/s against the batch per device (notebook 05's knee)
-and, at its batch, fp32 and bf16 each NCHW and channels_last; a one-rank DDP job and an
-NCCL collective timeout through the course's launcher (the watchdog must end the stuck rank
-within its timeout and 30 s, naming the collective); the largest batch
-with and without gradient checkpointing, and whether it is the search's cap [9];
+Steps (issue 20's items in brackets), each a subprocess under its own time limit: the CUDA
+device's facts; ``doctor``; ``equivalence`` under a 1-rank torchrun on CUDA, SyncBatchNorm
+included [1]; notebook 02's reference conversion script under a 1-rank torchrun [2]; the
+profiler trace on CUDA, keeping the trace file, with the GPU's idle share of a step [3];
+the GPU profile's samples/s against the batch per device (notebook 05's knee) and, at its
+batch, fp32 and bf16 each NCHW and channels_last; notebook 07's parts on one rank
+(torch.compile and FSDP2 judged the same as eager DDP); the bench with one process; a
+one-rank DDP job and an NCCL collective timeout through the course's launcher (the watchdog
+must end the stuck rank within its timeout and 30 s, naming the collective); the largest
+batch with and without gradient checkpointing, and whether it is the search's cap [9];
 training runs in fp32, fp16 (no lr_scheduler warning on stderr [10]), bf16 and with
 gradient checkpointing, each with its peak GPU memory; the one-GPU tests of
 ``tests/test_gpu.py`` (where pytest is installed).
@@ -17,15 +18,16 @@ gradient checkpointing, each with its peak GPU memory; the one-GPU tests of
 Without a GPU PyTorch can use the smoke refuses to run, in one line: a smoke that skips
 its GPU steps checks nothing. ``--cpu-rehearsal`` runs it on the CPU anyway, every step
 that can run there (``doctor``, the equivalence without SyncBatchNorm, the conversion, the
-trace, the speed probe at the CPU profile's sizes, the training runs), to check an image
-before its GPUs are at hand; the others are skipped, and say so.
+trace, the speed probe at the CPU profile's sizes, 07's parts but torch.compile, the
+bench, the training runs), to check an image before its GPUs are at hand; the others are
+skipped, and say so.
 """
 import json
 import math
 import re
 from pathlib import Path
 
-from workshop_lib.gpu_check import library
+from workshop_lib.gpu_check import library, notebook_parts
 from workshop_lib.gpu_check.environment import importable
 from workshop_lib.gpu_check.report import FAIL
 from workshop_lib.gpu_check.steps import Step, from_process
@@ -181,80 +183,6 @@ def largest_batch(context, limit):
                         context, read)
 
 
-KNEE_SHARE = 0.9  # notebook 05's knee: the smallest batch within 10% of the best samples/s
-
-
-def speed(context, limit):
-    out = context.folder("speed") / "speed.json"
-
-    def read(finished):
-        result = library.read_json(out)
-        rates = {int(b): r for b, r in result["knee_curve"]["samples_per_s"].items()}
-        best = max(rates.values())
-        knee = min(b for b, r in rates.items() if r >= KNEE_SHARE * best)
-        batch = result["batch_size"]
-        where = ("below the knee" if batch < knee else "at or past the knee")
-        figures = [f"{result['model']}, {result['dataset']}'s image shape (random images), "
-                   f"samples/s by batch per device: "
-                   + ", ".join(f"{b} {r:,.0f}" for b, r in sorted(rates.items())),
-                   f"the knee (the smallest batch within {1 - KNEE_SHARE:.0%} of the best): "
-                   f"batch {knee}; the profile's batch {batch} is {where}"]
-        if result["knee_curve"].get("out_of_memory_at"):
-            figures.append(f"batch {result['knee_curve']['out_of_memory_at']} did not fit")
-        at = result["at_profile_batch"]
-        if at.get("fp32"):
-            figures.append(f"at batch {batch}: fp32 {at['fp32']:,.0f} samples/s; "
-                           + ", ".join(f"{name} {rate / at['fp32']:.2f}x" for name, rate
-                                       in at.items() if name != "fp32" and rate))
-        fed = result.get("input_feed")
-        if fed:
-            figures.append(f"input feed at batch {batch}: data on the device "
-                           f"{fed['resident']:,.0f} samples/s, a DataLoader "
-                           f"{fed['data_loader']:,.0f} "
-                           f"({1 - fed['data_loader'] / fed['resident']:.0%} waiting), its 2 "
-                           f"workers {fed['workers']:,.0f}")
-        return figures, {**result, "knee": knee}, None
-
-    finished = context.command("speed", ["-m", "workshop_lib.gpu_check.probes", "speed",
-                                         "--device", context.device, "--out", out], limit)
-    return from_process("the profile's speed: the knee, precision and layout", finished,
-                        context, read)
-
-
-def launcher_problem(result):
-    """Why the launcher probe's two jobs (``probes.launcher``) fail the check, or None."""
-    launch, stuck = result["ddp_launch"], result["stuck_collective"]
-    if not launch["ok"]:
-        return f"the one-rank DDP launch failed: {launch['summary']}"
-    if stuck["ok"]:
-        return "the stuck all-reduce finished: nothing stopped it at its timeout"
-    if stuck["watchdog"] is None:
-        return f"no NCCL watchdog report in the stuck job's logs: {stuck['summary']}"
-    if stuck["seconds"] > stuck["bar_s"]:
-        return (f"the stuck job ended after {stuck['seconds']:.0f} s, past its "
-                f"{stuck['timeout_s']} s timeout + 30 s")
-    return None
-
-
-def launcher(context, limit):
-    out = context.folder("launcher") / "launcher.json"
-
-    def read(finished):
-        result = library.read_json(out)
-        launch, stuck = result["ddp_launch"], result["stuck_collective"]
-        figures = [f"train_ddp, 1 NCCL rank, through workshop_lib.launch: {launch['summary']}",
-                   f"an all-reduce behind a long kernel, timeout {stuck['timeout_s']} s: ended "
-                   f"after {stuck['seconds']:.0f} s (the bar: {stuck['bar_s']} s); "
-                   + (stuck["watchdog"] or "no watchdog report")
-                   + f"; Flight Recorder dumps: {stuck['flight_recorder_dumps']}"]
-        return figures, result, launcher_problem(result)
-
-    finished = context.command("launcher", ["-m", "workshop_lib.gpu_check.probes", "launcher",
-                                            "--out", out], limit)
-    return from_process("the launcher on NCCL: a DDP job, a collective timeout", finished,
-                        context, read)
-
-
 def training_run(name, tag, flags, check_stderr=False):
     """A step: one training run on the GPU with ``flags``, its accuracy and peak memory."""
 
@@ -357,8 +285,13 @@ def steps():
         Step("the profile's speed: the knee, precision and layout",
              "samples/s against the batch per device, fp32/bf16 x NCHW/channels_last and the "
              "input feed at the profile's batch: whether the GPU profile keeps this GPU busy",
-             150, speed,
-             rehearses=True),
+             150, notebook_parts.speed, rehearses=True),
+        Step("notebook 07's parts, 1 rank",
+             "all-reduce, the ways of averaging, ZeRO-1, comm hooks, FSDP2 and torch.compile "
+             "of DDP on one NCCL rank: compiled and FSDP the same as eager DDP", 180,
+             notebook_parts.inside_ddp, rehearses=True),
+        Step("the bench, 1 process", "notebook 02's bench on one GPU: loop overhead, data "
+             "path, precision and checkpointing", 180, notebook_parts.bench, rehearses=True),
         Step("largest batch, with and without checkpointing [item 9]",
              "memory.largest_batch, and whether its answer is the search's cap", 180,
              largest_batch),
@@ -376,7 +309,7 @@ def steps():
         Step("the launcher on NCCL: a DDP job, a collective timeout",
              "workshop_lib.launch on one NCCL rank: a one-epoch job, then an all-reduce that "
              "cannot finish in its 5 s timeout, ended by the watchdog within 30 s more", 240,
-             launcher),
+             notebook_parts.launcher),
         Step("one-GPU tests (pytest -m gpu)",
              "tests/test_gpu.py on one GPU (the 2-GPU tests skip, saying so)", 240, gpu_tests,
              skip=_needs_pytest),
