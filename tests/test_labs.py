@@ -546,7 +546,7 @@ def test_the_challenge_refuses_an_earlier_run_however_it_is_spelled(flags, copie
 
 
 @pytest.mark.parametrize("flags", [
-    challenge.REFERENCE["sqrt_warmup"], "--lr-scaling linear --warmup-epochs 5",
+    challenge.REFERENCE["sqrt_shorter_step"], "--lr-scaling linear --warmup-epochs 5",
     "--lr-scaling linear --momentum 0.8", "--lr-scaling sqrt --schedule constant",
     "--lr-scaling linear --optimizer lars --warmup-epochs 3", "--lr-scaling none --weight-decay 0",
     "--lr-scaling linear --warmup-epochs 3 --warmup-from zero"])

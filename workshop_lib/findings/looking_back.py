@@ -153,11 +153,16 @@ def accuracy_held(records):
         " At the same batch the linear rule alone "
         + ("held it too." if linear["holds"] == "yes" else
            f"did not hold it (final {linear['final_val_acc']:.3f})."))
+    bar, sqrt = d.get("bar_epoch"), rows.get("baseline_large_sqrt")
+    sooner = "" if bar is None or sqrt is None else (
+        f" by epoch {bar}, sooner than section 2's square-root run (epoch "
+        f"{sqrt['epoch']}),")
     if last["ok"]:
         win = rows[d["winner"]]
+        at = "" if win.get("epoch") is None else f"at epoch {win['epoch']}, "
         return Finding("accuracy_held",
                        f"Your accuracy held at global batch {d['large_batch']}, {k}x the small "
-                       f"batch: your run {d['winner']!r} reached {basis} in "
+                       f"batch: your run {d['winner']!r} reached {basis} {at}in "
                        f"{win['seconds_to_target']:.2f} s of training and held it, final "
                        f"{win['final_val_acc']:.3f}. What rescued it: "
                        f"{d['runs'][d['winner']] or 'the defaults'}.{versus}", holds=True)
@@ -165,7 +170,8 @@ def accuracy_held(records):
                key=lambda row: row["final_val_acc"], default=None)
     return Finding("accuracy_held",
                    f"Not held yet: in your latest challenge answer (of {attempts}) no run at "
-                   f"global batch {d['large_batch']} ({k}x the small batch) held {basis}"
+                   f"global batch {d['large_batch']} ({k}x the small batch) reached "
+                   f"{basis}{sooner} and held it"
                    + (f"; your best, {best['run']!r}, ended at {best['final_val_acc']:.3f}"
                       if best else "") + f".{versus}", holds=False)
 
