@@ -142,3 +142,30 @@ def test_lamb_moves_each_tensor_by_its_trust_ratio_share_of_its_norm():
     assert torch.linalg.vector_norm(weight - torch.tensor([[3.0, -4.0]])) == \
         pytest.approx(0.5 * 0.02 * 5, rel=1e-5)
     assert torch.allclose(bias, -0.5 * torch.tensor([1.0, -1.0]) / (1 + 1e-6), atol=1e-6)
+
+
+def test_novograd_normalises_each_tensors_gradient_by_its_running_norm():
+    """NovoGrad's two steps, by hand: the first divides each tensor's gradient by its own
+    norm (v = ||g||^2), adds weight decay on matrices only, and moves by lr times that; the
+    second keeps beta2 of v and beta1 (--momentum) of the step before."""
+    from workshop_lib import optim
+
+    weight = torch.nn.Parameter(torch.tensor([[3.0, -4.0]]))
+    bias = torch.nn.Parameter(torch.zeros(2))
+    novograd = optim.build("novograd", [weight, bias], lr=0.5, momentum=0.9, weight_decay=0.1)
+    w0 = weight.detach().clone()
+    grads = [(torch.tensor([[6.0, 8.0]]), torch.tensor([0.3, -0.4])),  # norms 10 and 0.5
+             (torch.tensor([[0.0, 2.0]]), torch.tensor([0.0, 0.0]))]
+    weight.grad, bias.grad = grads[0]
+    novograd.step()
+    m_weight = grads[0][0] / (10 + 1e-8) + 0.1 * w0
+    m_bias = grads[0][1] / (0.5 + 1e-8)
+    assert torch.allclose(weight.detach(), w0 - 0.5 * m_weight, atol=1e-6)
+    assert torch.allclose(bias.detach(), -0.5 * m_bias, atol=1e-6)
+    w1, b1 = weight.detach().clone(), bias.detach().clone()
+    weight.grad, bias.grad = grads[1]
+    novograd.step()
+    v_weight = 0.98 * 100 + 0.02 * 4
+    m_weight = 0.9 * m_weight + grads[1][0] / (v_weight ** 0.5 + 1e-8) + 0.1 * w1
+    assert torch.allclose(weight.detach(), w1 - 0.5 * m_weight, atol=1e-6)
+    assert torch.allclose(bias.detach(), b1 - 0.5 * 0.9 * m_bias, atol=1e-6)  # no gradient

@@ -163,14 +163,17 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
                  large_sqrt=0.93)
     base["large_same_lr"].epochs[-1]["train_loss"] = 0.5  # under-trained
     hot = named(small=0.99, large_linear=0.95, large_linear_warmup=0.985, large_sqrt=0.96,
-                large_lars=0.90, large_lamb=0.985)
+                large_lars=0.90, large_lamb=0.985, large_novograd=0.955)
     for r in (*base.values(), *hot.values()):
         r.start["args"]["seed"] = "0"
     found = nb03.accuracy_at_scale(base, hot, 20)
-    # LAMB, beside LARS at the same settings, judged by the same bar
+    # LAMB and NovoGrad, beside LARS at the same settings, judged by the same bar
     assert found["hot_lamb"].holds and "LAMB at the linear rate" in found["hot_lamb"].text
-    del hot["large_lamb"]  # a sweep recorded before LAMB joined it: no LAMB verdict
-    assert "hot_lamb" not in [f.key for f in nb03.accuracy_at_scale(base, hot, 20)]
+    assert not found["hot_novograd"].holds and "12% of the loss won back" in \
+        found["hot_novograd"].text
+    del hot["large_lamb"], hot["large_novograd"]  # a sweep recorded before they joined it
+    keys = [f.key for f in nb03.accuracy_at_scale(base, hot, 20)]
+    assert "hot_lamb" not in keys and "hot_novograd" not in keys
     assert found["gap"].holds and found["linear_restores"].holds
     assert not found["sqrt_restores"].holds  # 30% of the gap: under the bar
     assert found["linear_breaks"].holds and found["hot_small"].holds
@@ -180,6 +183,34 @@ def test_accuracy_at_scale_verdicts_flip_with_their_numbers():
     calm = named(small=0.99, large_linear=0.988, large_linear_warmup=0.99, large_sqrt=0.99,
                  large_lars=0.99)
     assert not nb03.accuracy_at_scale(base, calm, 20)["linear_breaks"].holds
+
+
+def test_a_rescue_must_win_back_more_than_the_square_root_runs_seed_spread():
+    """The rescues run on one seed: a win within the spread of the square-root run's three
+    seeds is what a seed could give, and is not called a rescue."""
+    base = named(small=0.99, large_same_lr=0.90, large_linear=0.985, large_linear_warmup=0.98,
+                 large_sqrt=0.93)
+    hot = named(small=0.99, large_linear=0.965, large_linear_warmup=0.98, large_sqrt=0.985,
+                large_sqrt_seed2=0.975, large_sqrt_seed3=0.99, large_lars=0.99)
+    for seed, name in enumerate(nb03.SPREAD_SEEDS):
+        hot[name].start["args"]["seed"] = str(seed)
+    for r in [*base.values(), *hot.values()]:
+        r.start["args"].setdefault("seed", "0")
+    found = nb03.accuracy_at_scale(base, hot, 20)
+    spread = found["seed_spread"]
+    assert spread.holds and "on 3 seed(s) (0, 1, 2)" in spread.text
+    assert "a spread of 1.5 pp" in spread.text
+    # Warmup wins back 1.5 of the 2.5 pp lost (60%, over the 50% bar) but not more than the
+    # 1.5 pp spread; LARS wins 2.5 pp: a rescue.
+    assert not found["hot_linear_warmup"].holds
+    assert "within the seeds' spread of 1.5 pp" in found["hot_linear_warmup"].text
+    assert found["hot_lars"].holds
+    # One seed only (a sweep recorded before the seeds): no spread to clear, and it says so.
+    for name in nb03.SPREAD_SEEDS[1:]:
+        del hot[name]
+    alone = nb03.accuracy_at_scale(base, hot, 20)
+    assert not alone["seed_spread"].holds and "on 1 seed(s) (0)" in alone["seed_spread"].text
+    assert alone["hot_linear_warmup"].holds
 
 
 def test_a_run_that_ends_high_after_a_mid_run_collapse_is_not_called_rescued():

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import REPO, run_course_command
-from workshop_lib import plans, profile
+from workshop_lib import labs, plans, profile
+from workshop_lib.findings import keeping_accuracy_at_scale as nb03
 from workshop_lib.gpu_check import (
     budget,
     environment,
@@ -346,6 +347,9 @@ PYTHON_LAUNCH = re.compile(r"\b(?:launch|nodes)\.(?:run|start)\(|\blabs\.check\(
                            + "|".join(LAUNCHING_CHECKS) + r")\"|^\s*!.*\b(?:torchrun|"
                            r"python -m workshop_lib\.)", re.MULTILINE)
 BASH_LAUNCH = re.compile(r"^\s*(?:torchrun|python -m workshop_lib\.)")
+# The challenge's check trains the answer (the reference: one run) on each of the
+# square-root run's seeds, in one sweep.
+RUNS_PER_CHECK = {"challenge": len(labs.solution("challenge")) * len(nb03.SPREAD_SEEDS)}
 # A dry run of a %%bash cell: each launch prints the runs it would train (its --variant
 # flags, loops expanded by bash itself) instead of starting, on a descriptor of its own
 # (the cell may send the command's output to a file).
@@ -395,7 +399,8 @@ def launch_sites(notebook, env):
             sites += [(number, int(line.split()[1])) for line in done.stdout.splitlines()
                       if line.startswith("LAUNCH ")]
         elif not source.startswith("%%"):
-            sites += [(number, 1) for _ in PYTHON_LAUNCH.finditer(source)]
+            sites += [(number, RUNS_PER_CHECK.get(match[1], 1))
+                      for match in PYTHON_LAUNCH.finditer(source)]
     return sites
 
 

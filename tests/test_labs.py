@@ -519,9 +519,13 @@ def test_the_challenge_refuses_each_run_the_notebook_made_before_it_naming_it(sw
     minutes here), with the run it copies and what to change."""
     flags = challenge.NOTEBOOK_SWEEPS[sweep][variant].replace(
         "$WARMUP_EPOCHS", str(plans.warmup_epochs(challenge._epochs(CHALLENGE_COMMON))))
+    flags = re.sub(r"\$SEED\d", "1", flags)  # the other seeds of the square-root run
     answer = {"mine": re.sub(r"\$\w+", "0.97", re.sub(r"--batch-size \$\w+ ?", "", flags))}
     verdict = challenge.check(answer)
     assert not verdict.ok and "\n" not in verdict.reason
+    if "--seed" in flags:  # the square-root run's other seeds: copied, they set the budget
+        assert "sets --seed: the budget is the challenge's" in verdict.reason, verdict.reason
+        return
     assert f"{challenge.SECTIONS[sweep]}'s {variant}" in verdict.reason, verdict.reason
     assert "change its rule, warmup, optimizer, schedule or momentum" in verdict.reason
 

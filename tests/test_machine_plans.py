@@ -279,5 +279,27 @@ def test_notebook_03s_warmup_is_at_most_a_tenth_of_its_run(machine_name, name, d
         plan = plans.accuracy_at_scale(one, 16, epochs)
         assert 0 < plan.warmup_epochs <= plan.epochs * plans.WARMUP_SHARE, plan
     cells = "\n".join(c.source for c in notebook_cells("03_keeping_accuracy_at_scale"))
-    assert cells.count("--warmup-epochs $WARMUP_EPOCHS") == 2
+    assert cells.count("--warmup-epochs $WARMUP_EPOCHS") == 1  # section 2's warmup run
     assert not re.search(r"--warmup-epochs \d", cells), "a warmup the plan did not size"
+
+
+def test_notebook_03s_rescue_verdicts_rest_on_the_seeds_it_states():
+    """The rescue verdicts' bar is the square-root run's seed spread: the hot sweep trains
+    that run on each seed the findings name (SPREAD_SEEDS), each a distinct seed from the
+    notebook's, the notebook says so, its plan counts the runs, and the challenge's
+    baselines take every one of them."""
+    from workshop_lib.findings import keeping_accuracy_at_scale as nb03
+
+    cells = notebook_cells("03_keeping_accuracy_at_scale")
+    sweep = next(c.source for c in cells if "--out $RUNS/hot_lr" in c.source)
+    seeds = [re.search(rf'--variant {name}="[^"]*?(?:--seed (\$\w+))?"', sweep)
+             for name in nb03.SPREAD_SEEDS]
+    assert all(seeds), "each of the square-root run's seeds is a variant of the hot sweep"
+    given = [m[1] or "$SEED" for m in seeds]  # the first takes the sweep's own --seed $SEED
+    assert len(set(given)) == len(nb03.SPREAD_SEEDS) == 3, given
+    setup = next(c.source for c in cells if "notebook.export(" in c.source and "SEED2" in c.source)
+    assert "SEED2=seed + 1, SEED3=seed + 2" in setup
+    assert sweep.count("--variant ") == plans.HOT_LR_RUNS
+    text = "\n".join(c.source for c in cells)
+    assert "the square-root run is trained on three seeds" in " ".join(text.split())
+    assert "for name in findings.SPREAD_SEEDS" in text  # the challenge's baselines

@@ -24,14 +24,18 @@ def executed(tmp_path_factory):
 def test_every_run_has_the_same_budget_and_the_large_batch_100_steps(executed):
     _, base, hot, _ = executed
     epochs = P.sweep_epochs(BATCH_SCALE)
+    seeds = {name: str(i) for i, name in enumerate(nb03.SPREAD_SEEDS)}
     for name, run in [*base.items(), *hot.items()]:
-        assert run.start["args"]["epochs"] == str(epochs) and run.start["args"]["seed"] == "0"
+        assert run.start["args"]["epochs"] == str(epochs), name
+        assert run.start["args"]["seed"] == (seeds.get(name, "0") if name in hot else "0")
         assert len(run.epochs) == epochs or name == "large_sqrt_stop", name
+    assert set(nb03.SPREAD_SEEDS) <= set(hot), "the square-root run on each of its seeds"
     large = base["large_same_lr"]
     assert large.start["global_batch_size"] == BATCH_SCALE * P.batch_size
     assert large.start["steps_per_epoch"] * len(large.epochs) >= 100
     assert hot["small"].start["lr"] == pytest.approx(HOT_FACTOR * P.lr)
     assert hot["large_lamb"].start["args"]["optimizer"] == "lamb"  # beside LARS, same settings
+    assert hot["large_novograd"].start["args"]["optimizer"] == "novograd"
 
 
 def test_the_gap_and_the_linear_rule_hold_and_every_verdict_is_the_computed_one(executed):
@@ -56,35 +60,43 @@ def test_batchnorm_makes_ranks_differ_from_one_process_with_the_global_batch(exe
 def test_the_challenges_reference_solution_wins_and_the_leaderboard_is_shown(executed):
     _, _, _, text = executed
     assert "PASS: your run 'sqrt_shorter_step' reached" in text
-    assert "epochs before section 2's square-root run" in text
+    assert "before section 2's square-root run on every seed" in text
     for shown in ("baseline_large_linear", "baseline_large_sqrt", "training s to", "at epoch",
                   "holds it"):
         assert shown in text, shown
 
 
-# Section 2's square-root run with a flag or two that change little: each holds the target
-# as that run does, none reaches it a fifth sooner (measured, seed 0: warmup 2 epochs
-# 10, a constant schedule 11, momentum 0.95 14, against the square-root run's 11).
+# Section 2's square-root run with one flag more, the two a learner reaches for first: a
+# warmup (the challenge's former reference) and a shorter step. Measured, seeds 0, 1, 2:
+# warmup 2 epochs reaches the target at epoch 10 on seed 0, no sooner than the square-root
+# run's earliest seed (11, 10, 10); momentum 0.85 at epochs 7, 8, 9, but on seed 1 it falls
+# 7.8 pp after reaching it (a collapse): a win on one seed, not on every seed.
 PERTURBED = {"warmup": "--lr-scaling sqrt --warmup-epochs 2",
-             "constant": "--lr-scaling sqrt --schedule constant",
-             "momentum": "--lr-scaling sqrt --momentum 0.95"}
+             "momentum": "--lr-scaling sqrt --momentum 0.85"}
 
 
-@pytest.mark.parametrize("name", PERTURBED)
-def test_the_challenge_fails_the_square_root_run_perturbed(executed, name, tmp_path):
-    """Trained against the notebook's own section 2 runs: not a win, and the check says by
-    which epoch it had to reach the target."""
+def test_the_challenge_fails_the_square_root_run_perturbed(executed, tmp_path):
+    """Trained against the notebook's own section 2 runs, in one check: neither wins on
+    every seed, and the check says, for each, at which epoch it reached the target on each
+    seed and by which epoch it had to."""
     _, _, hot, _ = executed
-    verdict = challenge.check({name: PERTURBED[name]}, profile_used=P, runs_dir=tmp_path,
+    sqrt = {f"baseline_{name}": hot[name] for name in nb03.SPREAD_SEEDS}
+    verdict = challenge.check(PERTURBED, profile_used=P, runs_dir=tmp_path,
                               baselines={"baseline_small": hot["small"],
-                                         "baseline_large_linear": hot["large_linear"],
-                                         "baseline_large_sqrt": hot["large_sqrt"]})
-    bar = challenge.bar_epoch({"baseline_large_sqrt": hot["large_sqrt"]},
-                              verdict.details["target"])
+                                         "baseline_large_linear": hot["large_linear"], **sqrt})
+    target, bar = verdict.details["target"], verdict.details["bar_epoch"]
     assert not verdict.ok, verdict.reason
-    assert bar is not None and verdict.details["bar_epoch"] == bar
-    assert f"by epoch {bar}, 20% sooner than section 2's square-root run" in verdict.reason
-    assert f"{name}: reached it at epoch" in verdict.reason
+    assert bar == min(challenge.epochs_to(run, target) for run in sqrt.values()) - 1
+    assert f"by epoch {bar}, before section 2's square-root run on any of its seeds" in \
+        verdict.reason
+    for name in PERTURBED:
+        runs = [runlog.read(tmp_path / f"{name}{suffix}") for suffix, _ in
+                challenge.seeded(["--seed", "0"])]
+        assert not all(challenge.wins(run, target, bar) for run in runs), name
+        epochs = verdict.details["seed_epochs"][name]
+        assert epochs == [challenge.epochs_to(run, target) for run in runs]
+        assert f"{name}: reached it at epoch {challenge._list(epochs)} on seeds 0, 1, 2" in \
+            verdict.reason
 
 
 def test_early_stopping_is_shown_with_the_time_it_saved(executed):

@@ -101,8 +101,9 @@ SESSIONS = (
                              ("DDP from two collectives, an exercise", 15)))),
     Session("notebooks/03_keeping_accuracy_at_scale.ipynb",
             "lose accuracy at a large batch and win it back (linear and square-root rules and "
-            "why, warmup with SequentialLR, LARS and LAMB; NovoGrad named); early stopping at "
-            "a target; BatchNorm across ranks; the large-batch challenge", (60, 60),
+            "why, warmup with SequentialLR, LARS, LAMB and NovoGrad, against three seeds' "
+            "spread); early stopping at a target; BatchNorm across ranks; the large-batch "
+            "challenge: beat the square-root rule on every seed", (60, 60),
             Budget(reading=15, exercises=20, cpu_run=20, gpu_run=10)),
     Session("notebooks/04_when_things_go_wrong.ipynb",
             "crash a rank, hang a collective, kill a rank and resume from the checkpoint (bit "

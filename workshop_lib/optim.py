@@ -1,16 +1,17 @@
-"""Optimizers the scripts can use: SGD with momentum, and LARS and LAMB for very large
-batches.
+"""Optimizers the scripts can use: SGD with momentum, and LARS, LAMB and NovoGrad for
+very large batches.
 
 LARS (You, Gitman & Ginsburg 2017, "Large Batch Training of Convolutional Networks")
 scales each layer's step by a trust ratio ``||w|| / ||g + wd*w||``, so that no layer's
 update is large relative to its weights. It is meant to let the linear scaling rule's
 large learning rates work where plain SGD diverges, with a warmup and a rate of its own;
 notebook 03 runs it at plain SGD's settings and says what that shows. LAMB (You et al.
-2019) does the same for Adam's step; notebook 03 runs it beside LARS, at the same settings.
+2019) does the same for Adam's step; NovoGrad (Ginsburg et al. 2019) divides each tensor's
+gradient by its running norm instead. Notebook 03 runs both beside LARS, at its settings.
 """
 import torch
 
-OPTIMIZERS = ("sgd", "lars", "lamb")
+OPTIMIZERS = ("sgd", "lars", "lamb", "novograd")
 # The training scripts' defaults (--lr, --momentum, --weight-decay), which the bench and the
 # trace use too: their timings do not depend on them, but they time the course's step.
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
@@ -95,10 +96,40 @@ class LAMB(_PerTensor):
         p.add_(update * trust_ratio(p, update, group["trust_coefficient"]), alpha=-group["lr"])
 
 
+class NovoGrad(_PerTensor):
+    """SGD with momentum on each tensor's gradient divided by its own running norm
+    (Ginsburg et al. 2019, "Stochastic Gradient Methods with Layer-wise Adaptive Moments for
+    Training of Deep Networks"): ``v = beta2 v + (1 - beta2) ||g||^2`` per tensor (``||g||^2``
+    at the first step), then ``m = beta1 m + g / (sqrt(v) + eps) + wd w`` and ``w -= lr m``,
+    ``beta1`` the course's ``--momentum``. Each tensor's step has about the same size
+    whatever its gradient's scale, as LARS's and LAMB's do; the rate alone sets it (no trust
+    ratio), so no tensor's step grows with its weights. Tensors with one dimension take no
+    weight decay, as in the course's LARS and LAMB."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, beta2=0.98, eps=1e-8):
+        defaults = dict(lr=lr, beta1=momentum, beta2=beta2, weight_decay=weight_decay, eps=eps)
+        super().__init__(params, defaults)
+
+    def update(self, group, p):
+        state = self.state[p]
+        squared = torch.linalg.vector_norm(p.grad) ** 2
+        if not state:
+            state["v"], state["m"] = squared, torch.zeros_like(p)
+        else:
+            state["v"] = group["beta2"] * state["v"] + (1 - group["beta2"]) * squared
+        update = p.grad / (state["v"].sqrt() + group["eps"])
+        if p.ndim > 1:
+            update = update.add(p, alpha=group["weight_decay"])
+        state["m"].mul_(group["beta1"]).add_(update)
+        p.add_(state["m"], alpha=-group["lr"])
+
+
 def build(name, params, lr, momentum, weight_decay):
     """The optimizer ``name`` (see OPTIMIZERS) over ``params``."""
     if name == "lamb":
         return LAMB(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "lars":
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "novograd":
+        return NovoGrad(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -43,14 +43,43 @@ def _fall_words(run):
             f"{low:.3f} at epoch {low_epoch})")
 
 
-def _rescue(name, what, broken, rescued, reference):
+# Section 2's square-root run, trained on this many seeds (its variants, in this order):
+# the spread of their settled accuracies is the noise every rescue verdict must clear, since
+# the rescues themselves run on one seed each.
+SPREAD_SEEDS = ("large_sqrt", "large_sqrt_seed2", "large_sqrt_seed3")
+
+
+def seed_spread(hot):
+    """``(pp, runs)``: the spread (max - min, in points) of the settled accuracies of the
+    square-root run's seeds in ``hot``, and those runs (older records: seed 0 alone, 0 pp)."""
+    runs = [hot[name] for name in SPREAD_SEEDS if name in hot]
+    accuracies = [settled(run) for run in runs]
+    return 100 * (max(accuracies) - min(accuracies)), runs
+
+
+def spread_finding(hot):
+    """How far one seed's run is from another's, measured: the bar's noise, stated."""
+    pp, runs = seed_spread(hot)
+    seeds = ", ".join(str(run.start["args"].get("seed", "?")) for run in runs)
+    held = sum(worst_fall(run)[0] < COLLAPSE_PP for run in runs)
+    return Finding("seed_spread", f"The square-root run on {len(runs)} seed(s) ({seeds}): "
+                                  f"settled at " + ", ".join(f"{settled(run):.3f}" for run in runs)
+                   + f", a spread of {pp:.1f} pp; {held} of {len(runs)} never collapsed (a fall "
+                     f"of {COLLAPSE_PP:g} pp). Each rescue below is one seed's run, so it must "
+                     f"also win back more than this spread: less is what another seed could "
+                     f"give.", holds=len(runs) == len(SPREAD_SEEDS))
+
+
+def _rescue(name, what, broken, rescued, reference, noise_pp=0.0):
     """Whether ``rescued`` wins back at least RECOVERED of what ``broken`` lost against
-    ``reference``, judged on the whole curve: settled accuracies (the last epochs' lowest),
-    and no collapse (a fall of COLLAPSE_PP or more from the running best after warmup)."""
+    ``reference``, and more than ``noise_pp`` (the seeds' spread), judged on the whole
+    curve: settled accuracies (the last epochs' lowest), and no collapse (a fall of
+    COLLAPSE_PP or more from the running best after warmup)."""
     lost = settled(reference) - settled(broken)
     won = settled(rescued) - settled(broken)
     collapsed = worst_fall(rescued)[0] >= COLLAPSE_PP
-    holds = lost > 0 and won >= RECOVERED * lost and not collapsed
+    enough = won >= RECOVERED * lost and 100 * won > noise_pp
+    holds = lost > 0 and enough and not collapsed
     if lost <= 0:
         verdict = "nothing was lost to win back."
     elif won < 0:
@@ -58,9 +87,13 @@ def _rescue(name, what, broken, rescued, reference):
                    f"(the bar: {RECOVERED:.0%} of the loss won back).")
     else:
         verdict = f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})"
-        verdict += (f", but it collapsed on the way (a fall of {COLLAPSE_PP:g} pp or more): "
-                    f"not a rescue, whatever the end." if collapsed and won >= RECOVERED * lost
-                    else ".")
+        if won >= RECOVERED * lost and 100 * won <= noise_pp:
+            verdict += (f", but {100 * won:.1f} pp is within the seeds' spread of "
+                        f"{noise_pp:.1f} pp: another seed could give as much; not shown.")
+        else:
+            verdict += (f", but it collapsed on the way (a fall of {COLLAPSE_PP:g} pp or "
+                        f"more): not a rescue, whatever the end." if collapsed and enough
+                        else ".")
     return Finding(name, f"{what} (lr {rescued.start['lr']:.3g}): settled at "
                          f"{settled(rescued):.3f} (the lowest of its last "
                          f"{settled_epochs(rescued)} epochs; last "
@@ -102,13 +135,16 @@ def accuracy_at_scale(base, hot, hot_factor):
                          + ("the linear rule breaks here." if breaks else
                             f"within {GAP_PP} pp, so it does not break at this budget."),
                          holds=breaks))
+    noise_pp, _ = seed_spread(hot)
+    found.append(spread_finding(hot))
     for key, what in (("large_linear_warmup", "Gradual warmup from the base rate"),
                       ("large_sqrt", "The square-root rule"),
                       ("large_lars", "LARS at the linear rate"),
-                      ("large_lamb", "LAMB at the linear rate")):
-        if key in hot:  # LAMB joined the sweep later: older records lack it
+                      ("large_lamb", "LAMB at the linear rate"),
+                      ("large_novograd", "NovoGrad at the linear rate")):
+        if key in hot:  # LAMB and NovoGrad joined the sweep later: older records lack them
             found.append(_rescue(f"hot_{key.removeprefix('large_')}", what, broken, hot[key],
-                                 hot_small))
+                                 hot_small, noise_pp))
     return found
 
 

@@ -43,8 +43,6 @@ NOTEBOOK_SWEEPS = {
         "small": "--batch-size $SMALL",
         "large_same_lr": "--batch-size $LARGE",
         "large_linear": "--batch-size $LARGE --lr-scaling linear",
-        "large_linear_warmup": ("--batch-size $LARGE --lr-scaling linear "
-                                "--warmup-epochs $WARMUP_EPOCHS"),
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
     },
     "hot_lr": {
@@ -53,8 +51,11 @@ NOTEBOOK_SWEEPS = {
         "large_linear_warmup": ("--batch-size $LARGE --lr-scaling linear "
                                 "--warmup-epochs $WARMUP_EPOCHS"),
         "large_sqrt": "--batch-size $LARGE --lr-scaling sqrt",
+        "large_sqrt_seed2": "--batch-size $LARGE --lr-scaling sqrt --seed $SEED2",
+        "large_sqrt_seed3": "--batch-size $LARGE --lr-scaling sqrt --seed $SEED3",
         "large_lars": "--batch-size $LARGE --lr-scaling linear --optimizer lars",
         "large_lamb": "--batch-size $LARGE --lr-scaling linear --optimizer lamb",
+        "large_novograd": "--batch-size $LARGE --lr-scaling linear --optimizer novograd",
         "large_sqrt_stop": "--batch-size $LARGE --lr-scaling sqrt --target-accuracy $STOP_AT",
     },
 }
