@@ -51,6 +51,11 @@ pytestmark = pytest.mark.slow
 ASSESSMENT = REPO / "assessment"
 ASSIGNMENT = "ddp_refactor"
 NOTEBOOK = f"{ASSIGNMENT}.ipynb"
+# The files beside the notebook, in source/ and release/ alike: the checks with their
+# rooms, the recorder, the sandbox and the data module.
+GRADING_FILES = ("ddp_checks.py", "ddp_checks_rules.py", "ddp_checks_run.py",
+                 "ddp_checks_launch.py", "ddp_checks_training.py", "ddp_checks_gradients.py",
+                 "ddp_checks_rank0.py", "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py")
 SUBMISSIONS = Path(__file__).resolve().parent / "assessment_submissions"
 SCRIPT_CELL = "ddp_script"
 EDITED_TEST = "shards_reshuffled_each_epoch"
@@ -819,8 +824,7 @@ def test_release_holds_nothing_of_the_solution_or_hidden_tests(course):
     source = ASSESSMENT / "source" / ASSIGNMENT
     for release in (ASSESSMENT / "release", course["path"] / "release"):
         files = [p for p in release.rglob("*") if p.is_file()]
-        assert {p.name for p in files} == {NOTEBOOK, "ddp_checks.py", "ddp_recorder.py",
-                                           "ddp_sandbox.py", "digits_data.py"}
+        assert {p.name for p in files} == {NOTEBOOK, *GRADING_FILES}
         for path in files:
             text = path.read_text()
             assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text

@@ -20,6 +20,7 @@ import re
 import sys
 import types
 from array import array
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -1069,8 +1070,10 @@ def test_each_learner_is_graded_with_the_instructors_grading_files(tmp_path, mon
     source = tmp_path / "source" / "ddp_refactor"
     source.mkdir(parents=True)
     names = autograde_guard.UseInstructorGradingFiles.class_traits()["files"].default()
-    assert set(names) == {"ddp_checks.py", "ddp_recorder.py", "ddp_sandbox.py",
-                          "digits_data.py"}
+    # Every module beside the notebook grades: the checks with their rooms, the recorder.
+    assert set(names) == {path.name for path in SOURCE.glob("*.py")
+                          if not path.name.startswith("train_digits")}
+    assert {"ddp_checks.py", "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py"} < set(names)
     for name in names:
         (source / name).write_bytes((SOURCE / name).read_bytes())
     for student in ("alice", "bob"):
@@ -1127,6 +1130,25 @@ def test_grades_export_has_a_column_per_requirement_and_the_verdict():
     assert (rows["bob"]["score"], rows["bob"]["max_score"]) == (9, 12)
     assert rows["bob"]["gradients_averaged_over_ranks"] == 0
     assert list(rows["alice"])[4:-3] == list(ddp_checks.REQUIREMENTS)
+
+
+def test_each_copy_of_the_grader_uses_the_rooms_beside_it(tmp_path):
+    """ddp_checks loads its rooms (ddp_checks_*.py) by its own path: each copy loaded by path
+    (from source/, release/, a graded folder) uses the rooms beside it, and loading another
+    copy leaves an earlier one's rooms in place. Each launch copies every file of the
+    recorder into the job's folder."""
+    for path in SOURCE.glob("*.py"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    checks = load("copied_ddp_checks", tmp_path / "ddp_checks.py")
+    for module, folder in ((checks, tmp_path), (ddp_checks, SOURCE)):
+        check = module.check_gradients_averaged_over_ranks
+        assert Path(check.__code__.co_filename).parent == folder.resolve()
+        run = module.Run(script="x.py", config=module.Config(), nproc=2, on_gpu=False,
+                         time_limit_s=60, missing_script=True)
+        with pytest.raises(module.RequirementNotMet, match="x.py does not exist"):
+            check(run)  # the room's RequirementNotMet is the one this copy exports
+    assert checks.Run is not ddp_checks.Run
+    assert set(ddp_checks.RECORDER_FILES) == {path.name for path in SOURCE.glob("ddp_recorder*.py")}
 
 
 @pytest.mark.slow
