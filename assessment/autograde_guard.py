@@ -188,13 +188,15 @@ class UseInstructorGradingFiles(NbGraderPreprocessor):
     instructor's copies, written afresh and verified by their SHA-256, and source/'s own
     copies still hash as they did for the first learner."""
 
-    # Every module of the checks (ddp_checks.py loads its rooms beside it), the recorder,
-    # the sandbox and the data module: tests/test_assessment_checks.py holds this list to
-    # the Python files of source/.
+    # Every module of the checks and of the recorder (each loads its rooms beside it), the
+    # sandbox and the data module: tests/test_assessment_checks.py holds this list to the
+    # Python files of source/.
     files = List(Unicode(), default_value=[
         "ddp_checks.py", "ddp_checks_rules.py", "ddp_checks_run.py", "ddp_checks_launch.py",
         "ddp_checks_training.py", "ddp_checks_gradients.py", "ddp_checks_rank0.py",
-        "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py"],
+        "ddp_recorder.py", "ddp_recorder_data.py", "ddp_recorder_steps.py",
+        "ddp_recorder_outputs.py", "ddp_recorder_replay.py", "ddp_sandbox.py",
+        "digits_data.py"],
         help="the files of the assignment that grade a submission").tag(config=True)
 
     def preprocess(self, nb, resources):

@@ -51,11 +51,13 @@ pytestmark = pytest.mark.slow
 ASSESSMENT = REPO / "assessment"
 ASSIGNMENT = "ddp_refactor"
 NOTEBOOK = f"{ASSIGNMENT}.ipynb"
-# The files beside the notebook, in source/ and release/ alike: the checks with their
-# rooms, the recorder, the sandbox and the data module.
+# The files beside the notebook, in source/ and release/ alike: the checks and the recorder,
+# each with its rooms, the sandbox and the data module.
 GRADING_FILES = ("ddp_checks.py", "ddp_checks_rules.py", "ddp_checks_run.py",
                  "ddp_checks_launch.py", "ddp_checks_training.py", "ddp_checks_gradients.py",
-                 "ddp_checks_rank0.py", "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py")
+                 "ddp_checks_rank0.py", "ddp_recorder.py", "ddp_recorder_data.py",
+                 "ddp_recorder_steps.py", "ddp_recorder_outputs.py", "ddp_recorder_replay.py",
+                 "ddp_sandbox.py", "digits_data.py")
 SUBMISSIONS = Path(__file__).resolve().parent / "assessment_submissions"
 SCRIPT_CELL = "ddp_script"
 EDITED_TEST = "shards_reshuffled_each_epoch"

@@ -1070,7 +1070,7 @@ def test_each_learner_is_graded_with_the_instructors_grading_files(tmp_path, mon
     source = tmp_path / "source" / "ddp_refactor"
     source.mkdir(parents=True)
     names = autograde_guard.UseInstructorGradingFiles.class_traits()["files"].default()
-    # Every module beside the notebook grades: the checks with their rooms, the recorder.
+    # Every module beside the notebook grades: the checks and the recorder with their rooms.
     assert set(names) == {path.name for path in SOURCE.glob("*.py")
                           if not path.name.startswith("train_digits")}
     assert {"ddp_checks.py", "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py"} < set(names)
@@ -1133,13 +1133,14 @@ def test_grades_export_has_a_column_per_requirement_and_the_verdict():
 
 
 def test_each_copy_of_the_grader_uses_the_rooms_beside_it(tmp_path):
-    """ddp_checks loads its rooms (ddp_checks_*.py) by its own path: each copy loaded by path
-    (from source/, release/, a graded folder) uses the rooms beside it, and loading another
-    copy leaves an earlier one's rooms in place. Each launch copies every file of the
-    recorder into the job's folder."""
+    """ddp_checks and ddp_recorder load their rooms (ddp_checks_*.py, ddp_recorder_*.py) by
+    their own path: each copy loaded by path (from source/, release/, a graded folder) uses
+    the rooms beside it, and loading another copy leaves an earlier one's rooms in place.
+    Each launch copies every room of the recorder into the job's folder."""
     for path in SOURCE.glob("*.py"):
         (tmp_path / path.name).write_bytes(path.read_bytes())
     checks = load("copied_ddp_checks", tmp_path / "ddp_checks.py")
+    recorder = load("copied_ddp_recorder", tmp_path / "ddp_recorder.py")
     for module, folder in ((checks, tmp_path), (ddp_checks, SOURCE)):
         check = module.check_gradients_averaged_over_ranks
         assert Path(check.__code__.co_filename).parent == folder.resolve()
@@ -1148,6 +1149,9 @@ def test_each_copy_of_the_grader_uses_the_rooms_beside_it(tmp_path):
         with pytest.raises(module.RequirementNotMet, match="x.py does not exist"):
             check(run)  # the room's RequirementNotMet is the one this copy exports
     assert checks.Run is not ddp_checks.Run
+    for module, folder in ((recorder, tmp_path), (ddp_recorder, SOURCE)):
+        replay = module.Recorder.replay_steps
+        assert Path(replay.__code__.co_filename).parent == folder.resolve()
     assert set(ddp_checks.RECORDER_FILES) == {path.name for path in SOURCE.glob("ddp_recorder*.py")}
 
 

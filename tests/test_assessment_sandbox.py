@@ -27,11 +27,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "assessment" / "source" / "ddp_refactor"
-# The files beside the notebook: the checks with their rooms, the recorder, the sandbox and
-# the data module.
+# The files beside the notebook: the checks and the recorder, each with its rooms, the
+# sandbox and the data module.
 PROVIDED = ("ddp_checks.py", "ddp_checks_rules.py", "ddp_checks_run.py", "ddp_checks_launch.py",
             "ddp_checks_training.py", "ddp_checks_gradients.py", "ddp_checks_rank0.py",
-            "ddp_recorder.py", "ddp_sandbox.py", "digits_data.py")
+            "ddp_recorder.py", "ddp_recorder_data.py", "ddp_recorder_steps.py",
+            "ddp_recorder_outputs.py", "ddp_recorder_replay.py", "ddp_sandbox.py",
+            "digits_data.py")
 SCRIPT = "train_digits_ddp.py"
 # The graded run's settings: numbers no other process on the machine has on its command line.
 HIDDEN = {"epochs": 3, "batch_size": 7, "lr": 0.0417, "seed": 86420917}

@@ -118,7 +118,8 @@ def test_the_rule_leaves_out_the_instructors_paths_and_keeps_the_release():
     kept = [
         "assessment/release/ddp_refactor/ddp_refactor.ipynb",
         "assessment/release/ddp_refactor/ddp_checks.py",
-        "assessment/release/ddp_refactor/ddp_checks_gradients.py", "notebooks/00_welcome.ipynb",
+        "assessment/release/ddp_refactor/ddp_checks_gradients.py",
+        "assessment/release/ddp_refactor/ddp_recorder_replay.py", "notebooks/00_welcome.ipynb",
         "workshop_lib/labs/files/conversion_solution.py", "workshop_lib/train_ddp.py",
         "jupyter/learner/make_workspace.py", "jupyter/nbgrader_config.py", "Makefile",
         "pyproject.toml", "README.md", "deploy/train_ddp.sbatch", "notebooks/tests.ipynb",

@@ -3,7 +3,7 @@ each trains on samples of its own, every optimizer step takes --accumulate batch
 rank, and after every step every rank's parameters equal a single-process replay of that
 step on the global batch.
 
-The replay itself runs in rank 0 of the job, where torch is (``ddp_recorder.py``):
+The replay itself runs in rank 0 of the job, where torch is (``ddp_recorder_replay.py``):
 it leaves in rank 0's record, for the first segment of steps that does not match (or for
 all of them), how far each rank's parameters are from three replays: with the ranks'
 gradients averaged (a correct job), summed, and each rank alone on its own batches. This
@@ -21,11 +21,11 @@ from ddp_checks_run import _passed, _require_model
 
 PARAM_RTOL = 1e-6  # ranks that average their gradients hold bit-identical parameters
 START_RTOL = 1e-6  # ranks that start from rank 0's parameters hold exactly those
-# Every optimizer step is replayed, in segments of a few steps (ddp_recorder.SEGMENT_STEPS),
-# each from the parameters the ranks held at its start. A replay on the CPU in float32
-# matches a correct job within ~1e-5 of a step's update; a job that sums its gradients, or
-# whose ranks step alone for even one step, is off by ~0.3 or more. ddp_recorder's
-# REPLAY_MATCH is the same bar.
+# Every optimizer step is replayed, in segments of a few steps
+# (ddp_recorder_steps.SEGMENT_STEPS), each from the parameters the ranks held at its start.
+# A replay on the CPU in float32 matches a correct job within ~1e-5 of a step's update; a
+# job that sums its gradients, or whose ranks step alone for even one step, is off by ~0.3
+# or more. ddp_recorder_replay.REPLAY_MATCH is the same bar.
 REPLAY_RTOL = 0.02
 
 

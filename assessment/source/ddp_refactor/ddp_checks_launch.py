@@ -29,8 +29,9 @@ from pathlib import Path
 from ddp_checks_run import Run
 
 RECORDER = Path(__file__).resolve().with_name("ddp_recorder.py")
-# The recorder's files: each job gets a copy of all of them.
-RECORDER_FILES = ("ddp_recorder.py",)
+# The recorder and the rooms it loads beside itself: each job gets a copy of all of them.
+RECORDER_FILES = ("ddp_recorder.py", "ddp_recorder_data.py", "ddp_recorder_steps.py",
+                  "ddp_recorder_outputs.py", "ddp_recorder_replay.py")
 TIME_LIMIT_ENV = "DDP_CHECKS_TIME_LIMIT_S"  # instructor's override of Config.time_limit_s
 # The job's output the grader keeps (its first characters): a correct job writes a few
 # thousand; the rest of a flood is dropped, with a note in the output.

@@ -3,10 +3,10 @@
 ``ddp_checks`` launches each job through ``Job.popen``. Inside, the job sees:
 
 - its scratch folder (mode 0700, read-write), at the same path as outside so that the
-  paths it records mean the same to the checks: its copy of the script, ddp_recorder.py,
-  digits_data.py, the settings file and its evidence/ and out/ folders. Nothing else of the
-  course: not source/ (the hidden tests), not gradebook.db, not submitted/ or another
-  learner's folder, not the grader's home;
+  paths it records mean the same to the checks: its copy of the script, ddp_recorder.py
+  and its rooms (ddp_recorder_*.py), digits_data.py, the settings file and its evidence/
+  and out/ folders. Nothing else of the course: not source/ (the hidden tests), not
+  gradebook.db, not submitted/ or another learner's folder, not the grader's home;
 - read-only, what Python and torch need: /usr, /bin, /lib*, the Python installation
   (sys.base_prefix), the environment (sys.prefix) and its site-packages, and a minimal
   /etc (the loader's cache, and its own hosts, passwd and group files);
