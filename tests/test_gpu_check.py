@@ -603,6 +603,25 @@ def test_the_check_imports_nothing_but_the_standard_library_and_torch():
         assert third_party_imports(module) <= {"torch"}, module
 
 
+def test_the_steps_read_their_results_with_the_standard_library_and_torch():
+    """A step reads its command's results in the check's own process, which has no
+    stand-ins: whatever a step imports where it reads needs torch alone (the first
+    rehearsal under torch 2.11 alone failed on 07's findings, which import tqdm)."""
+    from workshop_lib.findings import inside_ddp
+
+    for name in ("smoke", "notebook_parts", "full", "steps", "report"):
+        tree = ast.parse((REPO / "workshop_lib" / "gpu_check" / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module.startswith("workshop_lib"):
+                for alias in node.names:
+                    module = f"{node.module}.{alias.name}"
+                    imported = module if importlib.util.find_spec(node.module) and (
+                        REPO / Path(*module.split("."))).with_suffix(".py").exists() \
+                        else node.module
+                    assert third_party_imports(imported) <= {"torch"}, (name, imported)
+    assert library.SAME_PARAMETERS == inside_ddp.SAME_PARAMETERS
+
+
 @pytest.mark.parametrize("module", ["workshop_lib.train", "workshop_lib.equivalence",
                                     "workshop_lib.trace.__main__", "workshop_lib.doctor",
                                     "workshop_lib.labs.conversion_data", "workshop_lib.memory",
@@ -971,7 +990,7 @@ def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
     assert set(parts.values["seconds"]) == {"allreduce", "timing", "zero1", "comm_hooks",
                                             "fsdp"}
     assert parts.values["world_size"] == 1 and parts.values["allreduce_fit"] is None
-    assert any(line.startswith("fully_shard on 1 rank trained the course CNN as DDP does")
+    assert any(line.startswith("fully_shard against DDP after 5 Adam steps: largest")
                for line in parts.figures)
     assert any("torch.compile: not run on the CPU" in line for line in parts.figures)
     # The CPU profile's sizes: the curve around its batch, its knee one of the batches, and

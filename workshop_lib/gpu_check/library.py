@@ -14,6 +14,9 @@ CONVERSION_TARGET = 0.85  # the conversion lab's target_accuracy (labs/from_one_
 LR_SCHEDULER_WARNING = "lr_scheduler.step()"  # PyTorch's "called before optimizer.step()"
 GRAD_SCALER_INIT_SCALE = 2.0 ** 16  # torch.amp.GradScaler's default init_scale
 DEVICE = "cuda"  # the device the steps' commands ask for (a CPU rehearsal asks for "cpu")
+# notebook 07's "the same" bar, findings.inside_ddp.SAME_PARAMETERS (a test holds them equal):
+# the check's process does not import the findings, which need more than torch
+SAME_PARAMETERS = 1e-5
 
 
 def torchrun(nproc, *target):
