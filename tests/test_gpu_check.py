@@ -242,6 +242,20 @@ def test_steps_skip_without_cuda_and_a_step_that_raises_fails_alone(tmp_path):
     assert ran == [30] and outcomes[1].tail[-1] == "KeyError: 'max_abs_difference'"
 
 
+def test_a_step_that_returns_nothing_fails_alone_and_the_next_step_runs(tmp_path):
+    def forgot(context, limit):
+        context.folder("forgot")  # did its work, then forgot the return
+
+    def fine(context, limit):
+        return Outcome("fine", PASS)
+
+    outcomes = steps.run_steps(context(tmp_path), [
+        steps.Step("forgot", "", 60, forgot, needs_cuda=False),
+        steps.Step("fine", "", 60, fine, needs_cuda=False)], say=lambda line: None)
+    assert [o.status for o in outcomes] == [FAIL, PASS]
+    assert "returned None, not an Outcome" in outcomes[0].reason
+
+
 def test_a_cpu_rehearsal_runs_the_steps_that_can_on_the_cpu_and_names_the_others(tmp_path):
     devices = []
 

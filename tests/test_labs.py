@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from conftest import REPO
-from workshop_lib import labs, plans, profile
+from workshop_lib import labs, plans, profile, runlog
 from workshop_lib.labs import beyond_one_machine as beyond
 from workshop_lib.labs import from_one_gpu_to_many, welcome
 from workshop_lib.labs import keeping_accuracy_at_scale as challenge
@@ -692,3 +692,90 @@ def test_from_scratch_refuses_a_class_that_hands_the_model_to_torchs_ddp(tmp_pat
                                                         tmp_path / "my_naive_ddp.py"))
     assert not verdict.ok and "builds a DistributedDataParallel" in verdict.reason, verdict
     assert verdict.details["collectives"]["sync"] == {}, "DDP's reducer is not the class's"
+
+
+def challenge_run(reached_at, seed=0, batch=512, collapse=False, epochs=12):
+    """A recorded run (runlog.Run) that reaches 0.98 at epoch ``reached_at`` (None: never)
+    and stays there, or falls 10 pp two epochs later (``collapse``)."""
+    accs = [0.5 if reached_at is None or e < reached_at else 0.98 for e in range(1, epochs + 1)]
+    if collapse:
+        accs[reached_at + 1] = 0.88
+    return runlog.Run(start={"global_batch_size": batch, "lr": 0.8, "device": "cpu",
+                             "steps_per_epoch": 3, "warmup_steps": 0,
+                             "args": {"seed": str(seed)}},
+                      epochs=[{"epoch": e, "val_acc": acc, "epoch_s": 1.0,
+                               "samples_per_s": 1000.0, "train_loss": 0.1}
+                              for e, acc in enumerate(accs, 1)], end={})
+
+
+SQRT_SEEDS = {"baseline_small": challenge_run(2, batch=32),
+              "baseline_large_linear": challenge_run(None),
+              "baseline_large_sqrt": challenge_run(11), "baseline_large_sqrt_seed2":
+              challenge_run(10, seed=1), "baseline_large_sqrt_seed3": challenge_run(10, seed=2)}
+
+
+def judged(monkeypatch, answer, trained, baselines=SQRT_SEEDS, **context):
+    """The challenge's check of ``answer`` with ``trained`` ({run folder: Run}) as what the
+    sweep trained: the decision alone, in milliseconds; the sweeps' flags are returned."""
+    asked = []
+
+    def sweep(out, runs, common, **_):
+        asked.extend((name, [*common, *flags]) for name, flags in runs)
+        return {name: trained[name] for name, _ in runs}
+
+    monkeypatch.setattr(challenge.sweep, "run_sweep", sweep)
+    return challenge.check(answer, baselines=dict(baselines), **context), asked
+
+
+GOOD = "--lr-scaling sqrt --momentum 0.8 --warmup-epochs 1"
+
+
+def test_the_challenge_passes_a_run_that_beats_the_square_root_run_on_every_seed(monkeypatch):
+    trained = {"mine": challenge_run(9), "mine_seed2": challenge_run(8, seed=1),
+               "mine_seed3": challenge_run(7, seed=2)}
+    verdict, asked = judged(monkeypatch, {"mine": GOOD}, trained, seed=5)
+    assert verdict.ok, verdict.reason
+    assert "at epoch 9, 8, 7 on seeds 5, 6, 7" in verdict.reason
+    assert "(epochs 11, 10, 10; the bar: epoch 9)" in verdict.reason
+    assert [flags[flags.index("--seed", flags.index("--batch-size")) + 1]
+            for _, flags in asked] == ["5", "6", "7"]  # the notebook's seed, and the next two
+    assert verdict.details["seed_epochs"] == {"mine": [9, 8, 7]}
+
+
+@pytest.mark.parametrize("mine,why", [
+    ([10, 8, 7], "not before the earliest seed's epoch 10"),
+    ([7, 8, 9], "the seed it collapses on"),
+    ([9, None, 7], "a seed that never reaches it")])
+def test_the_challenge_fails_a_run_that_wins_on_some_seeds_only(monkeypatch, mine, why):
+    collapses = why.startswith("the seed")  # on seed 1
+    trained = {f"mine{suffix}": challenge_run(epoch, seed=i, collapse=collapses and i == 1)
+               for i, (suffix, epoch) in enumerate(zip(("", "_seed2", "_seed3"), mine,
+                                                       strict=True))}
+    verdict, _ = judged(monkeypatch, {"mine": GOOD}, trained)
+    assert not verdict.ok, why
+    assert "by epoch 9, before section 2's square-root run on any of its seeds" in \
+        verdict.reason
+    assert "mine: reached it at epoch " + ", ".join(str(e or "never") for e in mine) in \
+        verdict.reason
+
+
+@pytest.mark.parametrize("name", ["mine_seed2", "baseline_mine", "my run", "../up"])
+def test_the_challenge_refuses_a_run_name_the_check_uses_for_its_own_runs(monkeypatch, name):
+    verdict, asked = judged(monkeypatch, {name: GOOD}, {})
+    assert not verdict.ok and f"run name {name!r}" in verdict.reason and not asked
+
+
+def test_the_challenge_without_the_square_root_seeds_judges_holding_alone(monkeypatch):
+    """Baselines from a notebook before the seeds (small and linear only): no bar, and the
+    failing verdict's hint does not need the square-root run."""
+    older = {name: SQRT_SEEDS[name] for name in ("baseline_small", "baseline_large_linear")}
+    holds = {"mine": challenge_run(11), "mine_seed2": challenge_run(11, seed=1),
+             "mine_seed3": challenge_run(11, seed=2)}
+    verdict, _ = judged(monkeypatch, {"mine": GOOD}, holds, baselines=older)
+    assert verdict.ok and verdict.details["bar_epoch"] is None, verdict.reason
+    never = {name: challenge_run(None) for name in holds}
+    verdict, _ = judged(monkeypatch, {"mine": GOOD}, never, baselines=older)
+    assert not verdict.ok and "linear rule's run did not hold the target" in verdict.reason
+    # A square-root run that reached it in its first epoch leaves no sooner epoch: holding wins
+    first = {**SQRT_SEEDS, "baseline_large_sqrt_seed2": challenge_run(1, seed=1)}
+    assert challenge.bar_epoch(first, 0.97) is None

@@ -53,8 +53,8 @@ def add_common_args(parser, default_out):
     add("--schedule", default="cosine", choices=scaling.SCHEDULES,
         help="learning rate after warmup: cosine decay to 0, or constant (default: %(default)s)")
     add("--optimizer", default="sgd", choices=optim.OPTIMIZERS,
-        help="sgd, or lars (layer-wise trust ratios) for very large batches "
-             "(default: %(default)s)")
+        help="sgd, or for very large batches lars or lamb (per-tensor trust ratios) or "
+             "novograd (per-tensor gradient norms) (default: %(default)s)")
     add("--momentum", type=float, default=optim.MOMENTUM,
         help="SGD momentum (default: %(default)s)")
     add("--weight-decay", type=float, default=optim.WEIGHT_DECAY, help="default: %(default)s")

@@ -53,13 +53,17 @@ def seed_spread(hot):
     """``(pp, runs)``: the spread (max - min, in points) of the settled accuracies of the
     square-root run's seeds in ``hot``, and those runs (older records: seed 0 alone, 0 pp)."""
     runs = [hot[name] for name in SPREAD_SEEDS if name in hot]
-    accuracies = [settled(run) for run in runs]
+    accuracies = [settled(run) for run in runs] or [0.0]
     return 100 * (max(accuracies) - min(accuracies)), runs
 
 
 def spread_finding(hot):
     """How far one seed's run is from another's, measured: the bar's noise, stated."""
     pp, runs = seed_spread(hot)
+    if len(runs) < len(SPREAD_SEEDS):  # a sweep recorded before the seeds joined it
+        return skipped("seed_spread", f"the square-root run on {len(runs)} seed(s) only (a "
+                                      f"sweep recorded before its {len(SPREAD_SEEDS)} seeds): "
+                                      f"no spread to judge the rescues against")
     seeds = ", ".join(str(run.start["args"].get("seed", "?")) for run in runs)
     held = sum(worst_fall(run)[0] < COLLAPSE_PP for run in runs)
     return Finding("seed_spread", f"The square-root run on {len(runs)} seed(s) ({seeds}): "
@@ -67,7 +71,7 @@ def spread_finding(hot):
                    + f", a spread of {pp:.1f} pp; {held} of {len(runs)} never collapsed (a fall "
                      f"of {COLLAPSE_PP:g} pp). Each rescue below is one seed's run, so it must "
                      f"also win back more than this spread: less is what another seed could "
-                     f"give.", holds=len(runs) == len(SPREAD_SEEDS))
+                     f"give.")
 
 
 def _rescue(name, what, broken, rescued, reference, noise_pp=0.0):
@@ -89,7 +93,9 @@ def _rescue(name, what, broken, rescued, reference, noise_pp=0.0):
         verdict = f"{won / lost:.0%} of the loss won back (the bar: {RECOVERED:.0%})"
         if won >= RECOVERED * lost and 100 * won <= noise_pp:
             verdict += (f", but {100 * won:.1f} pp is within the seeds' spread of "
-                        f"{noise_pp:.1f} pp: another seed could give as much; not shown.")
+                        f"{noise_pp:.1f} pp: another seed could give as much; not shown"
+                        + (f", and it collapsed on the way (a fall of {COLLAPSE_PP:g} pp or "
+                           f"more)." if collapsed else "."))
         else:
             verdict += (f", but it collapsed on the way (a fall of {COLLAPSE_PP:g} pp or "
                         f"more): not a rescue, whatever the end." if collapsed and enough

@@ -153,13 +153,15 @@ def accuracy_held(records):
         " At the same batch the linear rule alone "
         + ("held it too." if linear["holds"] == "yes" else
            f"did not hold it (final {linear['final_val_acc']:.3f})."))
-    bar, sqrt = d.get("bar_epoch"), rows.get("baseline_large_sqrt")
-    sooner = "" if bar is None or sqrt is None else (
-        f" by epoch {bar}, sooner than section 2's square-root run (epoch "
-        f"{sqrt['epoch']}),")
+    bar = d.get("bar_epoch")
+    sooner = "" if bar is None else (
+        f" by epoch {bar}, sooner than section 2's square-root run on any of its seeds (its "
+        f"earliest: epoch {bar + 1}),")
     if last["ok"]:
         win = rows[d["winner"]]
-        at = "" if win.get("epoch") is None else f"at epoch {win['epoch']}, "
+        epochs = d.get("seed_epochs", {}).get(d["winner"])
+        at = (f"at epoch {', '.join(map(str, epochs))} on its {len(epochs)} seeds, " if epochs
+              else "" if win.get("epoch") is None else f"at epoch {win['epoch']}, ")
         return Finding("accuracy_held",
                        f"Your accuracy held at global batch {d['large_batch']}, {k}x the small "
                        f"batch: your run {d['winner']!r} reached {basis} {at}in "

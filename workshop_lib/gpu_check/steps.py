@@ -96,6 +96,9 @@ def run_steps(context, steps, say=print):
                 failure = failures.describe_exception(error)
                 outcome = Outcome(step.name, FAIL, failure.line, where=failure.where,
                                   tail=failures.last_lines(traceback.format_exc()))
+            if not isinstance(outcome, Outcome):  # a step that forgot to return: its failure
+                outcome = Outcome(step.name, FAIL, f"the step returned {outcome!r}, not an "
+                                                   f"Outcome: a bug in the check")
             outcome.seconds = time.monotonic() - start
         outcome.name, outcome.limit_s, outcome.budget_s = step.name, limit, step.budget_s
         context.results[step.name] = outcome

@@ -43,8 +43,9 @@ def runnable_hooks():
     try:
         import numpy  # noqa: F401 - only whether it imports
     except ImportError:
-        return HOOKS[:3], ("PowerSGD left out: torch's PowerSGDState imports numpy, which is "
-                           "not installed here (pip install numpy, or make setup)")
+        return (tuple(hook for hook in HOOKS if not hook.startswith("powersgd")),
+                "PowerSGD left out: torch's PowerSGDState imports numpy, which is not "
+                "installed here (pip install numpy, or make setup)")
     return HOOKS, None
 
 

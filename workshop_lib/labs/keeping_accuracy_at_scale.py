@@ -23,6 +23,7 @@ rate; nor do the square-root run's small perturbations that change nothing of su
 The budget is the check's, and a run the notebook already made is no answer: both are
 refused before anything trains (``_challenge_refusal``).
 """
+import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -48,7 +49,7 @@ from workshop_lib.labs._challenge_refusal import (  # noqa: F401 - the tests rea
 )
 
 
-def settings(p, batch_scale, epochs=None, hot_factor=None):
+def settings(p, batch_scale, epochs=None, hot_factor=None, seed=0):
     """The challenge's sizes from a profile: small and large global batch, common flags
     (the epochs of notebook 03's sweeps: at least 100 steps for the large batch; the base
     rate of its section 2, ``hot_factor`` times the profile's)."""
@@ -56,14 +57,14 @@ def settings(p, batch_scale, epochs=None, hot_factor=None):
     base_lr = (hot_factor or p.hot_factor) * p.lr
     common = ["--device", p.device, "--dataset", p.dataset, "--model", p.model,
               "--epochs", str(epochs or p.sweep_epochs(batch_scale)), "--lr", f"{base_lr:g}",
-              "--lr-ref-batch", str(small), "--seed", "0"]
+              "--lr-ref-batch", str(small), "--seed", str(seed)]
     return small, large, common
 
 
-def run_baselines(out, p, batch_scale, epochs=None, hot_factor=None):
+def run_baselines(out, p, batch_scale, epochs=None, hot_factor=None, seed=0):
     """Section 2's small batch, its linear rule, and its square-root rule on each seed of
     SPREAD_SEEDS, at the large batch (the notebook passes its own runs of these instead)."""
-    small, large, common = settings(p, batch_scale, epochs, hot_factor)
+    small, large, common = settings(p, batch_scale, epochs, hot_factor, seed)
     sqrt = [(f"baseline_{SPREAD_SEEDS[0]}{suffix}", ["--batch-size", str(large), "--lr-scaling",
                                                      "sqrt", "--seed", str(seed)])
             for suffix, seed in seeded(common)]
@@ -88,9 +89,10 @@ def sqrt_epochs(baselines, target):
 def bar_epoch(baselines, target):
     """The latest epoch a winning run may reach the target at: before the earliest of the
     square-root run's seeds, so that it beats that run on every seed, not one seed's luck;
-    None where no seed reached it (holding it wins)."""
+    None where no seed reached it, or one did in its first epoch (holding it wins)."""
     reached = [epoch for epoch in sqrt_epochs(baselines, target) if epoch is not None]
-    return min(reached) - 1 if reached else None
+    # Reached in its first epoch on a seed: nothing is sooner, and holding it wins.
+    return min(reached) - 1 if reached and min(reached) > 1 else None
 
 
 def holds_target(run, target):
@@ -114,19 +116,19 @@ def leaderboard(runs, target):
 
 
 def check(my_runs, profile_used=None, batch_scale=16, runs_dir=None, baselines=None,
-          epochs=None, hot_factor=None):
+          epochs=None, hot_factor=None, seed=0):
     """Train ``my_runs`` ({name: "flags"}) at the large batch from the hot base rate, each
     on the square-root run's seeds, and rank them."""
     if not isinstance(my_runs, dict) or not my_runs:
         return Verdict(False, "my_runs should map a name to the flags of a run, e.g. "
                               "{'linear': '--lr-scaling linear'}")
     p = profile_used or profile.get_profile("cpu", "digits")
-    small, large, common = settings(p, batch_scale, epochs, hot_factor)
-    refused = refusal(my_runs, common, large)
+    small, large, common = settings(p, batch_scale, epochs, hot_factor, seed)
+    refused = refusal(my_runs, common, large) or _name_refusal(my_runs)
     if refused:
         return Verdict(False, refused)
     out = Path(runs_dir or tempfile.mkdtemp(prefix="lab-challenge-"))
-    baselines = baselines or run_baselines(out, p, batch_scale, epochs, hot_factor)
+    baselines = baselines or run_baselines(out, p, batch_scale, epochs, hot_factor, seed)
     target = round(TARGET_FRACTION * baselines["baseline_small"].final["val_acc"], 4)
     seeds = seeded(common)
     # Every run on each seed at once (one wave where the GPUs are as many as the runs): a
@@ -180,6 +182,19 @@ def check(my_runs, profile_used=None, batch_scale=16, runs_dir=None, baselines=N
                    {**details, "winner": winner["run"]})
 
 
+def _name_refusal(my_runs):
+    """Why a run's name cannot be a run folder of the check, or None: each run trains as
+    NAME, NAME_seed2 and NAME_seed3 beside the baselines, so a name must be a plain word of
+    its own."""
+    for name in my_runs:
+        if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name)) \
+                or name.startswith("baseline_") or re.search(r"_seed\d+$", name):
+            return (f"run name {name!r}: use letters, digits, '_' or '-', not starting with "
+                    f"'baseline_' nor ending in '_seed' and a number (the check names its "
+                    f"own runs so), e.g. 'mine'")
+    return None
+
+
 def seeded(common):
     """``[(suffix, seed)]``: the run names' suffixes and seeds of the square-root run's
     SPREAD_SEEDS ("", the check's own seed; "_seed2", the next; ...)."""
@@ -204,7 +219,7 @@ def _epochs_text(baselines, target):
 
 def _hint(baselines, target):
     """What to try next, from what section 2's linear and square-root runs did here."""
-    linear, sqrt = baselines.get("baseline_large_linear"), baselines["baseline_large_sqrt"]
+    linear, sqrt = baselines.get("baseline_large_linear"), baselines.get("baseline_large_sqrt")
     said = []
     if linear is not None and not holds_target(linear, target):
         said.append("The linear rule's run did not hold the target at this base rate (its "
@@ -212,8 +227,9 @@ def _hint(baselines, target):
     elif linear is not None:
         said.append("The linear rule's run held the target here: compare your flags with its "
                     "(--lr-scaling linear).")
-    if holds_target(sqrt, target):
-        said.append(f"The square-root run held it from epoch {epochs_to(sqrt, target)}: "
+    if sqrt is not None and holds_target(sqrt, target):
+        said.append(f"The square-root run held it, reaching it at epoch "
+                    f"{_epochs_text(baselines, target)} on its seeds: "
                     f"what else sets how far a step goes (with SGD's momentum m, a steady "
                     f"gradient moves the weights lr/(1-m) a step), and what does a warmup "
                     f"cost in epochs?")
