@@ -538,6 +538,32 @@ def test_inside_ddp_step_times_flip_at_their_bars():
     assert nb07.step_times(None)["step_times"].skipped
 
 
+def test_inside_ddp_step_times_name_the_timed_model_and_count_its_buckets():
+    """On GPUs 07 times its profile's Wide ResNet: the findings say which model at which
+    batch, and how many 25 MB buckets its gradients made (wrn-16-10's 65 MiB: three)."""
+    results = inside_ddp_results({"naive": 80.0, "overlap": 62.0, "buckets": 58.0,
+                                  "ddp": 57.0, "local": 50.0})
+    results["timing"].update(model="wrn-16-10", batch_size=128,
+                             gradient_bytes=68465384)
+    results["timing"]["messages"]["buckets"] = [26214400, 26214400, 16036584, 1292]
+    found = nb07.step_times(results)
+    assert "wrn-16-10 at batch 128 per rank" in found["room_to_overlap"].text
+    assert found["room_to_overlap"].holds  # 30 of 80 ms averaging: something to hide
+    assert "bucket_cap_mb=25 (3 buckets here)" in found["buckets"].text
+    assert found["overlap"].holds and found["buckets"].holds
+    # A record from before the model was recorded: the CNN, one bucket.
+    assert "cnn at batch 32 per rank" in nb07.step_times(inside_ddp_results())[
+        "room_to_overlap"].text
+
+
+def test_the_bucket_sweep_spans_the_powers_of_four_below_the_gradients():
+    cnn, wrn_16_4 = 376744, 10994408  # the models' float32 gradient bytes
+    assert timing.sweep_for(cnn) == (2**12, 2**14, 2**16, 2**18)
+    assert timing.sweep_for(wrn_16_4) == (2**16, 2**18, 2**20, 2**22)
+    assert timing.sweep_for(2**20) == (2**12, 2**14, 2**16, 2**18)  # below, not at
+    assert timing.sweep_for(20) == (1, 4, 16)  # never a size under a byte
+
+
 def test_the_bucket_sweep_is_priced_by_the_fitted_latency():
     rows = timing.bucket_sweep_rows(inside_ddp_results())
     assert [r["bucket_bytes"] for r in rows] == [4096, 65536, 25 * 2**20]

@@ -36,6 +36,7 @@ from workshop_lib.gpu_check import (
 )
 from workshop_lib.gpu_check.__main__ import main
 from workshop_lib.gpu_check.report import FAIL, PASS, SKIPPED, Outcome
+from workshop_lib.inside_ddp import timing
 
 TORCHRUN_FAILURE = """\
 [rank0]: Traceback (most recent call last):
@@ -634,6 +635,8 @@ def test_the_steps_read_their_results_with_the_standard_library_and_torch():
                         else node.module
                     assert third_party_imports(imported) <= {"torch"}, (name, imported)
     assert library.SAME_PARAMETERS == inside_ddp.SAME_PARAMETERS
+    gpu = profile.SIZES[("cuda", "fashion-mnist")]
+    assert (library.GPU_MODEL, library.GPU_BATCH) == (gpu.model, gpu.batch_size)
 
 
 @pytest.mark.parametrize("module", ["workshop_lib.train", "workshop_lib.equivalence",
@@ -1004,6 +1007,12 @@ def test_the_smokes_steps_read_what_the_course_commands_really_write(tmp_path):
     assert set(parts.values["seconds"]) == {"allreduce", "timing", "zero1", "comm_hooks",
                                             "fsdp"}
     assert parts.values["world_size"] == 1 and parts.values["allreduce_fit"] is None
+    # The step timed on the CPU profile's model and batch, its sweep the powers of four
+    # below the CNN's gradient bytes.
+    timed = parts.values["timing"]
+    assert (timed["model"], timed["batch_size"]) == ("cnn", 32)
+    assert {name for name in timed["step_ms"] if name.startswith("buckets_")} == {
+        f"buckets_{size}" for size in timing.sweep_for(timed["gradient_bytes"])}
     assert any(line.startswith("fully_shard against DDP after 5 Adam steps: largest")
                for line in parts.figures)
     assert any("torch.compile: not run on the CPU" in line for line in parts.figures)

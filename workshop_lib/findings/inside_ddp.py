@@ -33,7 +33,8 @@ def step_times(results):
     found = Findings([Finding(
         "room_to_overlap",
         f"Medians of {timing['rounds']} rounds of {timing['steps_per_window']} steps on "
-        f"{timing['world_size']} ranks (the rounds of the plain step spread from "
+        f"{timing['world_size']} ranks, {timing.get('model', 'cnn')} at batch "
+        f"{timing['batch_size']} per rank (the rounds of the plain step spread from "
         f"{local['min']:.1f} to {local['max']:.1f} ms): averaging the gradients after "
         f"backward (naive, {naive:.1f} ms) cost {naive - local['median']:.1f} ms over no "
         f"averaging (local, {local['median']:.1f} ms), {share:.0%} of the step: "
@@ -42,7 +43,7 @@ def step_times(results):
     for key, what, name, reference, against in (
             ("overlap", "One all-reduce per gradient, started during backward", "overlap",
              "naive", "naive"),
-            ("buckets", "Buckets of DDP's default bucket_cap_mb=25 (one bucket here)",
+            ("buckets", f"Buckets of DDP's default bucket_cap_mb=25 ({_buckets(timing)})",
              "buckets", "overlap", "one all-reduce per gradient")):
         saved, words = _compare_ms(ms[name], ms[reference])
         said = f"{what}: {ms[name]:.1f} ms a step against {against}'s {ms[reference]:.1f}: {words}"
@@ -67,6 +68,13 @@ def step_times(results):
            f"slower by more than {STEP_BAR:.0%} (DDP's reducer is C++, and makes each .grad "
            f"a view into its bucket instead of copying)."), holds=gap <= STEP_BAR))
     return found
+
+
+def _buckets(timing):
+    """How many buckets of 25 MB the timed model's gradients made (the last all-reduce of a
+    step says which parameters each rank used, and is no bucket)."""
+    count = len(timing["messages"]["buckets"]) - 1
+    return "one bucket here" if count == 1 else f"{count} buckets here"
 
 
 def _size(nbytes):
@@ -187,7 +195,8 @@ def compiled(results):
                   if faster else "")
     same = result["first_step_difference"] < SAME_PARAMETERS
     return Findings([
-        Finding("compiled", f"torch.compile(DDP): the first step took "
+        Finding("compiled", f"torch.compile(DDP) of {result.get('model', 'cnn')} at batch "
+                            f"{result.get('batch_size', 32)} per rank: the first step took "
                             f"{result['compile_s']:.1f} s (compiling); then {compiled:.1f} ms a "
                             f"step against {eager:.1f} eager, {words}.{break_even}",
                 holds=faster),

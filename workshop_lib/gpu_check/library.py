@@ -17,6 +17,9 @@ DEVICE = "cuda"  # the device the steps' commands ask for (a CPU rehearsal asks 
 # notebook 07's "the same" bar, findings.inside_ddp.SAME_PARAMETERS (a test holds them equal):
 # the check's process does not import the findings, which need more than torch
 SAME_PARAMETERS = 1e-5
+# the GPU profile's model and batch per device, profile.SIZES[("cuda", "fashion-mnist")] (a
+# test holds them equal): notebook 07 times overlap, buckets and compile on them on GPUs
+GPU_MODEL, GPU_BATCH = "wrn-16-4", 128
 
 
 def torchrun(nproc, *target):
@@ -27,11 +30,14 @@ def torchrun(nproc, *target):
 
 
 def inside_ddp(out_json, device=None):
-    """Notebook 07's parts on one rank; torch.compile on a GPU only (minutes on a CPU)."""
+    """Notebook 07's parts on one rank; torch.compile on a GPU only (minutes on a CPU). The
+    step times on the GPU profile's model and batch, as 07 takes them on GPUs, on digits (no
+    download needed); on the CPU, the CPU profile's CNN at batch 32."""
     device = device or DEVICE
+    timed = ["--model", GPU_MODEL, "--batch-size", str(GPU_BATCH)] if device == "cuda" else []
     return torchrun(1, "-m", "workshop_lib.inside_ddp.experiments", "--one-rank", "--device",
                     device, "--compile", "1" if device == "cuda" else "0", "--rounds", "3",
-                    "--out", str(out_json))
+                    "--dataset", "digits", *timed, "--out", str(out_json))
 
 
 def doctor():

@@ -96,8 +96,10 @@ def inside_ddp(context, limit):
         result = library.read_json(out)
         figures = ["notebook 07's parts on 1 rank: " + ", ".join(
             f"{name} {seconds:.1f} s" for name, seconds in result["seconds"].items())]
-        ms = {name: stats["median"] for name, stats in result["timing"]["step_ms"].items()}
-        figures.append("step ms (medians): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
+        timing = result["timing"]
+        ms = {name: stats["median"] for name, stats in timing["step_ms"].items()}
+        figures.append(f"step ms (medians), {timing['model']} at batch {timing['batch_size']}: "
+                       + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
         if result["comm_hooks"].get("skipped"):
             figures.append(result["comm_hooks"]["skipped"])
         bar = library.SAME_PARAMETERS

@@ -9,7 +9,8 @@ while the rest of backward runs, and Inductor compiles each piece into fused ker
 (C++/OpenMP on a CPU, Triton on a GPU). The first step pays for the compilation; the
 later ones run the compiled code.
 
-``compare`` trains the course CNN from one start on the same batches with DDP as it is and
+``compare`` trains one model (the course CNN by default; notebook 07 asks for its profile's
+model and batch) from one start on the same batches with DDP as it is and
 with DDP compiled (a collective) and records the first compiled step's seconds, both step
 times (``timing.timed_window``: the slowest rank's, medians over windows), and the largest
 parameter difference after the first step (the same arithmetic, up to float rounding:
@@ -34,14 +35,14 @@ WINDOWS, STEPS, BATCH_SIZE, LR = 3, 10, 32, 0.01
 
 @full_float32()
 def compare(rank, world_size, device, dataset="digits", windows=WINDOWS, steps=STEPS,
-            batch_size=BATCH_SIZE):
+            batch_size=BATCH_SIZE, model_name="cnn"):
     """``{"compile_s", "step_ms": {"eager", "compiled"}, "first_step_difference",
     "max_difference", "steps"}``."""
     train_set, _, info = data.load(dataset)
     batches = replay.rank_batches(train_set, rank, world_size, batch_size,
                                   1 + windows * steps, device)
     torch.manual_seed(0)
-    start = models.build("cnn", info).to(device)
+    start = models.build(model_name, info).to(device)
     out, firsts, finals = {"step_ms": {}}, {}, {}
     for name in ("eager", "compiled"):
         model = train_ddp.wrap(copy.deepcopy(start), device)
@@ -60,4 +61,5 @@ def compare(rank, world_size, device, dataset="digits", windows=WINDOWS, steps=S
     out["first_step_difference"] = replay.max_difference(firsts["compiled"], firsts["eager"])
     out["max_difference"] = replay.max_difference(finals["compiled"], finals["eager"])
     out["steps"] = 1 + windows * steps
+    out.update(model=model_name, batch_size=batch_size)
     return out

@@ -6,7 +6,10 @@ to one JSON file, which the notebook plots and ``findings`` judges:
 - ``allreduce``: all-reduce time against message size, and the latency and bandwidth
   fitted to it (``allreduce.sweep``, ``allreduce.fit``);
 - ``timing``: step time of local, naive, overlapped, bucketed and PyTorch's DDP, and the
-  bucket-size sweep (``timing.measure``);
+  bucket-size sweep (``timing.measure``), training ``--model`` at ``--batch-size`` per rank:
+  the notebook passes its profile's, the course CNN on the CPU and a Wide ResNet on GPUs,
+  whose step has communication worth hiding (``compiled`` times the same; the other parts
+  judge bytes and equality, on the CNN);
 - ``zero1``: optimizer-state bytes per rank, replicated against ``zero1.ShardedOptimizer``
   and PyTorch's ``ZeroRedundancyOptimizer``, for SGD with momentum and for Adam;
 - ``comm_hooks``: bytes sent per step and the result of DDP's communication hooks;
@@ -15,7 +18,7 @@ to one JSON file, which the notebook plots and ``findings`` judges:
 - ``compiled`` (with ``--compile 1``): ``torch.compile`` of the DDP model.
 
     torchrun --standalone --nproc-per-node=2 -m workshop_lib.inside_ddp.experiments \\
-        --device cpu --out results.json
+        --device cpu --model cnn --dataset digits --batch-size 32 --out results.json
 """
 import argparse
 import json
@@ -31,10 +34,6 @@ from workshop_lib import cli, data, distributed, hardware, models
 from workshop_lib.errors import CourseError, exit_cleanly_on_course_error, record_errors
 from workshop_lib.inside_ddp import comm_hooks, compiled, fsdp, timing, zero1
 
-# The sweep's bucket sizes: the course CNN's 368 KiB of gradients are one bucket from 512 KiB
-# up, which the "buckets" variant (DDP's 25 MiB) already times.
-BUCKET_SWEEP = (2**12, 2**14, 2**16, 2**18)
-
 
 def zero1_memory(device):
     """Optimizer-state bytes per rank on the course CNN, for SGD (momentum) and Adam."""
@@ -49,19 +48,24 @@ def zero1_memory(device):
     return out
 
 
-def run(device, rounds, steps, with_compile, say):
-    """Every part, in order; ``say(text)`` reports progress (rank 0 prints it)."""
+def run(device, rounds, steps, with_compile, say, timed=("cnn", "digits", 32)):
+    """Every part, in order; ``say(text)`` reports progress (rank 0 prints it); ``timed``:
+    the model, dataset and batch per rank the step times are measured on."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    model_name, dataset, batch_size = timed
     parts = {
         "allreduce": lambda: allreduce.sweep(device),
         "timing": lambda: timing.measure(rank, world_size, rounds=rounds, steps=steps,
-                                         sweep_bytes=BUCKET_SWEEP, device=device),
+                                         batch_size=batch_size, dataset=dataset,
+                                         device=device, model_name=model_name),
         "zero1": lambda: zero1_memory(device),
         "comm_hooks": lambda: comm_hooks.compare(rank, world_size, device),
         "fsdp": lambda: fsdp.compare(rank, world_size, device),
     }
     if with_compile:
-        parts["compiled"] = lambda: compiled.compare(rank, world_size, device)
+        parts["compiled"] = lambda: compiled.compare(rank, world_size, device, dataset,
+                                                     batch_size=batch_size,
+                                                     model_name=model_name)
     # The hardware described by rank 0 alone (nvidia-smi twice), which writes the result.
     result = {"world_size": world_size, "device": device.type, "backend": dist.get_backend(),
               "hardware": hardware.describe() if rank == 0 else None, "seconds": {}}
@@ -88,11 +92,19 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=10, help="timing: steps per window")
     parser.add_argument("--compile", type=int, choices=(0, 1), default=0,
                         help="1: also time torch.compile of the DDP model (minutes on a CPU)")
+    parser.add_argument("--model", default="cnn", choices=list(models.MODELS),
+                        help="timing: the model whose step is timed (default: %(default)s)")
+    parser.add_argument("--dataset", default="digits", choices=list(data.DATASETS),
+                        help="timing: its data (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="timing: samples per rank a step (default: %(default)s)")
     parser.add_argument("--out", type=Path, required=True, help="the results' JSON file")
     parser.add_argument("--one-rank", action="store_true",
                         help="allow one process: every part's code runs, but the comparisons "
                              "between ranks are trivial (the GPU check's one-GPU rehearsal)")
     args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size needs 1 or more, got {args.batch_size}")
     if "LOCAL_RANK" not in os.environ:
         raise CourseError("experiments runs under torchrun: torchrun --standalone "
                           "--nproc-per-node=2 -m workshop_lib.inside_ddp.experiments --out "
@@ -111,7 +123,8 @@ def main(argv=None):
             if rank == 0:
                 print(f"[rank 0/{world_size}] {text}", flush=True)
 
-        result = run(device, args.rounds, args.steps, bool(args.compile), say)
+        result = run(device, args.rounds, args.steps, bool(args.compile), say,
+                     (args.model, args.dataset, args.batch_size))
     if rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

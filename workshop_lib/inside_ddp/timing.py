@@ -2,13 +2,16 @@
 
 Notebook 07, "Inside DDP", section 5 ("What overlap and buckets buy") shows these numbers;
 the bench (``python -m workshop_lib.bench``) can call ``measure`` in its own ranks. Every
-variant trains the course's CNN (``models.build("cnn", ...)``) with the same batches and
-optimizer; what differs is only how gradients are averaged:
+variant trains one model (the course's CNN by default; notebook 07 asks for its profile's
+model and batch, a Wide ResNet on GPUs, where a step has communication worth hiding) with
+the same batches and optimizer; what differs is only how gradients are averaged:
 
 - ``local``: no averaging at all (each rank alone: the floor);
 - ``naive``: notebook 02's wrapper, all-reduces one by one after backward;
 - ``overlap``: ``overlap.py``, one asynchronous all-reduce per parameter, from hooks;
 - ``buckets``: ``buckets.py`` at DDP's default 25 MB (one bucket for a small model);
+- ``buckets_<bytes>``: the bucket-size sweep, by default the four powers of four below the
+  model's gradient bytes (``sweep_for``): 4 KiB to 256 KiB for the CNN's 368 KiB;
 - ``ddp``: the course's DDP wrap (``train_ddp.wrap``).
 
 Timing follows the bench's rules: a warm-up window first; then rounds, each timing every
@@ -39,6 +42,15 @@ from workshop_lib.inside_ddp.overlap import OverlappedDataParallel
 from workshop_lib.stopwatch import Stopwatch, summary
 
 SWEEP_BYTES = (2**12, 2**14, 2**16, 2**18, 2**20)  # 4 KB ... 1 MB
+
+
+def sweep_for(gradient_bytes, sizes=4):
+    """The bucket sizes of a sweep for a model of ``gradient_bytes``: the ``sizes`` powers of
+    four below it, smallest first. Below the smallest, every parameter is its own bucket;
+    from the gradients' size up, one bucket holds them all (as DDP's 25 MB does for a small
+    model, which the "buckets" variant times already)."""
+    exponent = (max(gradient_bytes - 1, 1).bit_length() - 1) // 2  # 4**exponent < gradient_bytes
+    return tuple(4 ** e for e in range(max(0, exponent - sizes + 1), exponent + 1))
 
 
 def wrappers(device, sweep_bytes=SWEEP_BYTES):
@@ -86,18 +98,22 @@ def timed_window(model, optimizer, batches, steps, device):
 
 
 def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits",
-            sweep_bytes=SWEEP_BYTES, device="cpu"):
-    """Every variant's step time on the default group's ranks, at ``batch_size`` per rank
-    (a collective: all ranks call it; every rank returns the same dict)."""
+            sweep_bytes=None, device="cpu", model_name="cnn"):
+    """Every variant's step time on the default group's ranks, training ``model_name`` at
+    ``batch_size`` per rank, with the buckets of ``sweep_bytes`` (None: ``sweep_for`` the
+    model). A collective: all ranks call it; every rank returns the same dict."""
     device = torch.device(device)
     train_set, _, info = data.load(dataset)
     sampler = DistributedSampler(train_set, world_size, rank, seed=0)
     loader = data.TensorLoader(train_set, batch_size, sampler, device, drop_last=True)
     batches = itertools.cycle(list(loader))
+    if sweep_bytes is None:
+        sweep_bytes = sweep_for(sum(p.numel() * 4 for p in models.build(model_name, info)
+                                    .parameters()))
     runs = {}
     for name, wrap in wrappers(device, sweep_bytes).items():
         torch.manual_seed(0)
-        model = wrap(models.build("cnn", info).to(device))
+        model = wrap(models.build(model_name, info).to(device))
         runs[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         timed_window(*runs[name], batches, steps, device)  # warm-up
     ms = {name: [] for name in runs}
@@ -106,7 +122,8 @@ def measure(rank, world_size, rounds=9, steps=20, batch_size=32, dataset="digits
         for name in names[r % len(names):] + names[:r % len(names)]:
             ms[name].append(1000 * timed_window(*runs[name], batches, steps, device))
     gradient_bytes = sum(p.numel() * p.element_size() for p in runs["local"][0].parameters())
-    return {"world_size": world_size, "batch_size": batch_size, "dataset": info.name,
+    return {"world_size": world_size, "model": model_name, "batch_size": batch_size,
+            "dataset": info.name,
             "gradient_bytes": gradient_bytes, "rounds": rounds, "steps_per_window": steps,
             "messages": {name: messages(model) for name, (model, _) in runs.items()
                          if messages(model) is not None},
@@ -145,7 +162,8 @@ def main(argv=None):
     torch.set_num_threads(1)  # one thread per rank: ranks never fight over a core
     with distributed.process_group("gloo"):
         rank = dist.get_rank()
-        result = measure(rank, dist.get_world_size(), rounds=args.rounds, steps=args.steps)
+        result = measure(rank, dist.get_world_size(), rounds=args.rounds, steps=args.steps,
+                         sweep_bytes=SWEEP_BYTES)
     if rank == 0:
         json.dump(result, sys.stdout, indent=1)
         print()
