@@ -45,8 +45,9 @@ def gloo_churn(rank, world_size, port, folder):
                             world_size=world_size, timeout=timedelta(seconds=120))
     try:
         for groups in itertools.count():
-            if rank == 0:
-                (Path(folder) / "groups").write_text(str(groups))
+            if rank == 0:  # whole or not at all: the test reads it while the job runs
+                (Path(folder) / "groups.new").write_text(str(groups))
+                os.replace(Path(folder) / "groups.new", Path(folder) / "groups")
             stop = torch.tensor([float(rank == 0 and (Path(folder) / "stop").exists())])
             dist.all_reduce(stop)  # every rank leaves after the same round
             if stop.item():
