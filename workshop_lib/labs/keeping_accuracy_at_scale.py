@@ -262,8 +262,7 @@ def why_the_time(small, runs, target):
     if not large:
         return "No run at the large batch reached the target, so there is no time to compare."
     fastest = min(large, key=lambda run: runlog.time_to_accuracy(run, target))
-    epochs = {id(run): next(e["epoch"] for e in run.epochs if e["val_acc"] >= target)
-              for run in (small, fastest)}
+    epochs = {id(run): epochs_to(run, target) for run in (small, fastest)}
     rates = {id(run): run.final["samples_per_s"] for run in (small, fastest)}
     ratio = rates[id(fastest)] / rates[id(small)]
     k = fastest.start["global_batch_size"] // small.start["global_batch_size"]
