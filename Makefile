@@ -78,9 +78,13 @@ html: setup
 	done
 	$(BIN)/jupyter nbconvert --to html --output-dir build/html build/executed/*.ipynb
 
+# Two pytest processes (tests/conftest.py: a file's tests, or files sharing a fixture, in one):
+# while one waits on a hub, a timeout or a hang, the other computes. On 2 cores more would
+# only fight over them; TEST_PROCESSES=0 runs the suite in one process.
+TEST_PROCESSES ?= 2
 test: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES)
 
 # The class server's whole test as root, with the class of 30 graded (CI leaves that out).
 test-class: setup

@@ -44,10 +44,61 @@ def pytest_terminal_summary(terminalreporter):
                                     f"{budget:4d} s{over}")
 
 
+def pytest_sessionfinish(session):
+    """A worker of ``pytest -n`` hands its notebooks' times to the controller, which prints
+    them (``pytest_testnodedown``)."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["notebook_seconds"] = json.dumps(NOTEBOOK_SECONDS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    NOTEBOOK_SECONDS.extend(map(tuple, json.loads(
+        getattr(node, "workeroutput", {}).get("notebook_seconds", "[]"))))
+
+
+# ``make test`` runs the suite in two processes (pytest-xdist): a test file's tests go to one
+# process, with its module fixtures, and so do the files that share a session fixture or a
+# cluster (SHARED). What one process waits for (a hub, a timeout, a hang) the other computes
+# through. The groups go out slowest first (FIRST, from the suite's slowest set-ups), so that
+# no long one is left for the end.
+SHARED = {
+    "test_training": "ddp_run", "test_reliability": "ddp_run", "test_notebook_08": "ddp_run",
+    "test_notebook_02": "notebook_02", "test_bench": "notebook_02",
+    "test_classroom": "slurm", "test_deploy": "slurm",  # each starts a SLURM cluster as root
+}
+FIRST = ("slurm", "test_assessment", "test_notebook_03", "test_notebooks_one_process",
+         "notebook_02", "test_notebook_04", "test_notebook_06", "test_gpu_check", "ddp_run",
+         "test_notebook_01", "test_notebook_05", "test_notebook_07")
+
+
+def group_of(nodeid):
+    stem = Path(nodeid.split("::")[0]).stem
+    return SHARED.get(stem, stem)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each group to one process, slowest first (pytest-xdist's own groups key on test ids,
+    which pytest 9 no longer lets a plugin change)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order: FIRST first
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip ``@pytest.mark.gpu(n)`` tests where PyTorch sees fewer than n GPUs, and
-    ``@pytest.mark.whole_class`` under CI, saying so."""
+    ``@pytest.mark.whole_class`` under CI, saying so; the slowest groups first under
+    ``pytest -n``."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
+        order = {name: i for i, name in enumerate(FIRST)}
+        items.sort(key=lambda item: order.get(group_of(item.nodeid), len(FIRST)))  # stable
     for item in items:
         if item.get_closest_marker("whole_class") and os.environ.get("CI"):
             item.add_marker(pytest.mark.skip(
@@ -114,11 +165,23 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, **parameters):
 
     output = Path(runs_dir) / f"executed-{name}"
     started = time.perf_counter()
-    execute(REPO / "notebooks" / name, output,
-            {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
-             "solutions": True, **parameters},
-            cwd=REPO / "notebooks", execution_timeout=timeout_per_cell)
+    session_record = os.environ["DDP_WORKSHOP_PROGRESS"]
+    os.environ["DDP_WORKSHOP_PROGRESS"] = progress_record(runs_dir)  # the kernel's
+    try:
+        execute(REPO / "notebooks" / name, output,
+                {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
+                 "solutions": True, **parameters},
+                cwd=REPO / "notebooks", execution_timeout=timeout_per_cell)
+    finally:
+        os.environ["DDP_WORKSHOP_PROGRESS"] = session_record
     return _executed(name, output, time.perf_counter() - started, parameters)
+
+
+def progress_record(runs_dir):
+    """Where an executed notebook's checks record their verdicts: beside its runs, its own,
+    as a learner's own record would be, so that its progress line shows no other
+    execution's verdicts (the one-process run's NOT YETs, whatever ran before)."""
+    return str(Path(runs_dir).with_name(f"{Path(runs_dir).name}-progress.jsonl"))
 
 
 def _executed(name, output, seconds, parameters):
@@ -154,6 +217,9 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
 
     def start(name, runs_dir, parameters):
         output = Path(runs_dir) / f"executed-{name}"
+        # A learner of their own: the verdicts of the notebook's checks go to its own record,
+        # and its progress line shows no other execution's.
+        learner = {**env, "DDP_WORKSHOP_PROGRESS": progress_record(runs_dir)}
         values = {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
                   "solutions": True, **parameters}
         command = [sys.executable, str(REPO / "tests/notebook_kernels.py"),
@@ -161,7 +227,7 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
                    "--parameters", json.dumps(values), "--execution-timeout",
                    str(timeout_per_cell)]
         log = open(Path(runs_dir) / f"papermill-{name}.log", "w")  # noqa: SIM115
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=learner)
         return name, output, values, process, log, time.perf_counter()
 
     while pending or running:
