@@ -101,7 +101,7 @@ def day(tmp_path_factory, ddp_run):
     with record_file(folder / "progress.jsonl") as path:
         made = a_day(folder, ddp_run, earlier)
         (folder / "08").mkdir()
-        notebook = execute_notebook("08_looking_back.ipynb", folder / "08",
+        notebook = execute_notebook("08_looking_back.ipynb", folder / "08", record=path,
                                     day_runs=str(folder / "runs"),
                                     assessment_folder=str(folder / "ddp_refactor"))
     return folder, progress.records(path), made, notebook_text_outputs(notebook), notebook
