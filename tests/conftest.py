@@ -97,7 +97,9 @@ def pytest_collection_modifyitems(config, items):
     ``@pytest.mark.whole_class`` under CI, saying so; the slowest groups first under
     ``pytest -n``."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
+    # A worker of ``pytest -n`` collects what the controller schedules (its numprocesses is
+    # None there): the order is set in the workers.
+    if hasattr(config, "workerinput"):
         order = {name: i for i, name in enumerate(FIRST)}
         items.sort(key=lambda item: order.get(group_of(item.nodeid), len(FIRST)))  # stable
     for item in items:
