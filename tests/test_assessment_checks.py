@@ -833,14 +833,37 @@ def record_toy(tmp_path, *flags, rank=0, world_size=1):
     return recorder, recorder.record()
 
 
-@pytest.fixture(scope="module")
-def first_use_imports():
-    """What scikit-learn's digits loader and torch's first optimizer import on first use
-    (torch._dynamo, about 2 s each here), once for the module rather than in a test."""
+def test_the_assessments_digits_are_scikit_learns_read_without_importing_it():
+    """digits_data.load_data's samples are load_digits' (data / 16, target), split as
+    before; a fresh process that loads them imports no scikit-learn (about a second of
+    every graded rank's start)."""
+    import subprocess
+
     import torch
     from sklearn.datasets import load_digits
 
-    load_digits()
+    digits_data = load("assessment_digits_data", SOURCE / "digits_data.py")
+    found = load_digits()
+    pixels, labels = digits_data.digits()
+    assert torch.equal(pixels, torch.tensor(found.data, dtype=torch.float32))
+    assert torch.equal(labels, torch.tensor(found.target, dtype=torch.int64))
+    train_set, val_set = digits_data.load_data()
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(val_set.tensors[0], pixels[order[:360]] / 16)
+    assert torch.equal(train_set.tensors[1], labels[order[360:]])
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, digits_data; digits_data.load_data(); "
+         "print('sklearn' in {m.split('.')[0] for m in sys.modules})"],
+        capture_output=True, text=True, timeout=120, cwd=SOURCE)
+    assert loaded.stdout.strip() == "False", loaded.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def first_use_imports():
+    """What torch's first optimizer imports on first use (torch._dynamo, about 2 s here),
+    once for the module rather than in a test."""
+    import torch
+
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
