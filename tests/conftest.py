@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workshop_lib.distributed import free_port  # the tests' rendezvous ports, from here too
+from workshop_lib.distributed import free_port  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,6 +28,12 @@ os.environ.pop("CLASS_PROGRESS_URL", None)
 
 
 NOTEBOOK_SECONDS = []  # (notebook, run, seconds) of every execute_notebook in this session
+# Under ``pytest -n N`` N test processes share the cores: a notebook's one-device runs take
+# their share of them (hardware.SHARERS_ENV), not every core while the other test process
+# computes too (measured on 2 busy cores: a batch-32 epoch 16% less CPU on one thread than
+# on two). A launched job's ranks, which take theirs by torchrun's local world size, take
+# it by this count instead: the same share for the CPU profile's 2 ranks under ``-n 2``.
+TEST_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -115,9 +121,9 @@ def pytest_collection_modifyitems(config, items):
                        f"(`make gpu-check` runs these on a GPU workstation)"))
 
 
-def _rank_main(rank, fn, world_size, port, result_dir, args):
+def _rank_main(rank, fn, world_size, rendezvous, result_dir, args):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=60))
     try:
         torch.save(fn(rank, world_size, *args), Path(result_dir) / f"rank{rank}.pt")
@@ -130,9 +136,13 @@ def run_in_ranks(fn, world_size, tmp_path, *args):
     gloo process group; return each rank's result. ``fn`` must live at module level.
 
     Processes are spawned, not forked: forking a parent whose OpenMP pool is running can
-    deadlock the child.
+    deadlock the child. They meet through a file, not a port: a free port chosen here can
+    be taken by another test's job in the seconds the ranks take to start (it was, once,
+    under ``pytest -n 2``: EADDRINUSE).
     """
-    mp.start_processes(_rank_main, args=(fn, world_size, free_port(), str(tmp_path), args),
+    handle, rendezvous = tempfile.mkstemp(prefix="rendezvous-", dir=tmp_path)  # empty
+    os.close(handle)
+    mp.start_processes(_rank_main, args=(fn, world_size, rendezvous, str(tmp_path), args),
                        nprocs=world_size, start_method="spawn", join=True)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
@@ -175,6 +185,8 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, record=None, **parame
     session_record = os.environ["DDP_WORKSHOP_PROGRESS"]
     own = Path(record or progress_record(runs_dir))
     os.environ["DDP_WORKSHOP_PROGRESS"] = str(own)  # the kernel's, and its checks'
+    if TEST_PROCESSES > 1:
+        os.environ["WORKSHOP_PROCESSES_ON_MACHINE"] = str(TEST_PROCESSES)
     try:
         execute(REPO / "notebooks" / name, output,
                 {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
@@ -182,6 +194,7 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, record=None, **parame
                 cwd=REPO / "notebooks", execution_timeout=timeout_per_cell)
     finally:
         os.environ["DDP_WORKSHOP_PROGRESS"] = session_record
+        os.environ.pop("WORKSHOP_PROCESSES_ON_MACHINE", None)
         if record is None and own.exists():  # later tests read this session's verdicts
             with open(session_record, "a") as session:
                 session.write(own.read_text())
@@ -223,7 +236,7 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
     ephemeral TCP ports, and one of them could take a port chosen for the kernel.
     """
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
-           "WORKSHOP_PROCESSES_ON_MACHINE": str(side_by_side)}
+           "WORKSHOP_PROCESSES_ON_MACHINE": str(side_by_side * TEST_PROCESSES)}
     pending, running, executed = list(runs), [], {}
 
     def start(name, runs_dir, parameters):
