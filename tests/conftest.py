@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from workshop_lib import hardware
 from workshop_lib.distributed import free_port  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -185,8 +186,9 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, record=None, **parame
     session_record = os.environ["DDP_WORKSHOP_PROGRESS"]
     own = Path(record or progress_record(runs_dir))
     os.environ["DDP_WORKSHOP_PROGRESS"] = str(own)  # the kernel's, and its checks'
+    sharers = os.environ.get(hardware.SHARERS_ENV)
     if TEST_PROCESSES > 1:
-        os.environ["WORKSHOP_PROCESSES_ON_MACHINE"] = str(TEST_PROCESSES)
+        os.environ[hardware.SHARERS_ENV] = str(TEST_PROCESSES)
     try:
         execute(REPO / "notebooks" / name, output,
                 {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
@@ -194,7 +196,10 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, record=None, **parame
                 cwd=REPO / "notebooks", execution_timeout=timeout_per_cell)
     finally:
         os.environ["DDP_WORKSHOP_PROGRESS"] = session_record
-        os.environ.pop("WORKSHOP_PROCESSES_ON_MACHINE", None)
+        if sharers is None:  # as it was: unset, or the value whoever ran the tests gave it
+            os.environ.pop(hardware.SHARERS_ENV, None)
+        else:
+            os.environ[hardware.SHARERS_ENV] = sharers
         if record is None and own.exists():  # later tests read this session's verdicts
             with open(session_record, "a") as session:
                 session.write(own.read_text())
@@ -236,7 +241,7 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
     ephemeral TCP ports, and one of them could take a port chosen for the kernel.
     """
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
-           "WORKSHOP_PROCESSES_ON_MACHINE": str(side_by_side * TEST_PROCESSES)}
+           hardware.SHARERS_ENV: str(side_by_side * TEST_PROCESSES)}
     pending, running, executed = list(runs), [], {}
 
     def start(name, runs_dir, parameters):
