@@ -193,7 +193,7 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, record=None, **parame
         execute(REPO / "notebooks" / name, output,
                 {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
                  "solutions": True, **parameters},
-                cwd=REPO / "notebooks", execution_timeout=timeout_per_cell)
+                cwd=notebook_workspace(runs_dir), execution_timeout=timeout_per_cell)
     finally:
         os.environ["DDP_WORKSHOP_PROGRESS"] = session_record
         if sharers is None:  # as it was: unset, or the value whoever ran the tests gave it
@@ -204,6 +204,23 @@ def execute_notebook(name, runs_dir, timeout_per_cell=900, record=None, **parame
             with open(session_record, "a") as session:
                 session.write(own.read_text())
     return _executed(name, output, time.perf_counter() - started, parameters)
+
+
+def notebook_workspace(runs_dir, folder=REPO / "notebooks"):
+    """The folder an execution of a notebook of ``folder`` runs in: its own, beside
+    ``runs_dir``, laid out as a learner's workspace (jupyter/learner/make_workspace.py):
+    ``notebooks/``, with ``deploy/`` beside it (notebook 06 reads the repository's cluster
+    files there). What the notebook writes next to itself (my_train_ddp.py, debug_job.py,
+    ...) stays its own: the stubs' execution and the references', in two test processes at
+    once, wrote over each other's scripts in the repository's notebooks/ (under
+    ``pytest -n 3`` notebook 02's conversion check ran the other's file)."""
+    if Path(folder) != REPO / "notebooks":
+        return Path(folder)  # a test's own notebooks, in its own folder
+    workspace = Path(runs_dir).with_name(f"{Path(runs_dir).name}-workspace")
+    (workspace / "notebooks").mkdir(parents=True, exist_ok=True)
+    if not (workspace / "deploy").exists():
+        (workspace / "deploy").symlink_to(REPO / "deploy")
+    return workspace / "notebooks"
 
 
 def progress_record(runs_dir):
@@ -228,10 +245,10 @@ def _executed(name, output, seconds, parameters):
 def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
                                    folder=REPO / "notebooks"):
     """``execute_notebook`` for each ``(name, runs_dir, parameters)`` of ``runs`` (the
-    notebooks of ``folder``, run from there), with ``side_by_side`` papermill processes
-    at a time; ``{name: SideBySide}``, whose ``notebook()`` gives the executed notebook
-    or raises that notebook's own failure, so a notebook that fails fails its own test
-    and no other.
+    notebooks of ``folder``, each run from its ``notebook_workspace``), with
+    ``side_by_side`` papermill processes at a time; ``{name: SideBySide}``, whose
+    ``notebook()`` gives the executed notebook or raises that notebook's own failure, so a
+    notebook that fails fails its own test and no other.
 
     For runs of one process each: two of them keep a 2-core machine busy where one alone
     leaves a core waiting while it starts Python, torch and torchrun. Every process a
@@ -252,7 +269,8 @@ def execute_notebooks_side_by_side(runs, side_by_side=2, timeout_per_cell=900,
         values = {"profile": "cpu", "dataset": "digits", "runs_dir": str(runs_dir),
                   "solutions": True, **parameters}
         command = [sys.executable, str(REPO / "tests/notebook_kernels.py"),
-                   str(Path(folder) / name), str(output), "--cwd", str(folder),
+                   str(Path(folder) / name), str(output),
+                   "--cwd", str(notebook_workspace(runs_dir, folder)),
                    "--parameters", json.dumps(values), "--execution-timeout",
                    str(timeout_per_cell)]
         log = open(Path(runs_dir) / f"papermill-{name}.log", "w")  # noqa: SIM115
