@@ -247,3 +247,45 @@ def test_a_job_describes_its_hardware_once_from_rank_0(tmp_path, monkeypatch):
     runlog.RunLog(tmp_path / "rank0").start("train_ddp", args, world_size=2)
     assert asked == [1]
     assert runlog.read(tmp_path / "rank0").start["hardware"] == {"gpus": []}
+
+
+X86_LAPTOP = Machine(gpus=0, cpu_cores=8, onednn_cpu=True)
+
+
+@pytest.mark.parametrize("machine", [LAPTOP, X86_LAPTOP, FOUR_GPUS])
+def test_the_training_layout_is_channels_last_where_asked_or_on_a_onednn_cpu(machine):
+    """The CPU's convolutions in channels_last where oneDNN runs them (its fastest layout
+    there), GPUs' where --channels-last asks; NCHW otherwise. The doctor says which."""
+    import torch
+
+    cpu = hardware.memory_format("cpu", machine=machine)
+    assert cpu == (torch.channels_last if machine.onednn_cpu else torch.contiguous_format)
+    assert hardware.memory_format("cpu", channels_last=True, machine=machine) \
+        == torch.channels_last
+    assert hardware.memory_format("cuda:1", machine=machine) == torch.contiguous_format
+    assert hardware.memory_format("cuda:1", True, machine) == torch.channels_last
+    said = "convolutions through oneDNN" in "\n".join(doctor.report(machine=machine))
+    assert said == machine.onednn_cpu
+
+
+def test_the_cpu_layout_changes_the_speed_not_the_training():
+    """Five steps of the course's CNN from one initialisation, on the same batches, in NCHW
+    and in channels_last: the same parameters (to float32 rounding of the kernels' order)."""
+    import torch
+
+    from workshop_lib import data, models, optim, train
+
+    train_set, _, info = data.load("digits")
+    images, labels = train_set.tensors
+    trained = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        torch.manual_seed(0)
+        model = models.build("cnn", info).to(memory_format=layout)
+        optimizer = optim.build("sgd", model.parameters(), 0.05, optim.MOMENTUM,
+                                optim.WEIGHT_DECAY)
+        for step in range(5):
+            batch = slice(64 * step, 64 * (step + 1))
+            train.train_step(model, optimizer,
+                             images[batch].contiguous(memory_format=layout), labels[batch])
+        trained.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.allclose(*trained, atol=1e-5), (trained[0] - trained[1]).abs().max()

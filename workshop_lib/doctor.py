@@ -33,7 +33,9 @@ def report(data_dir=data.DEFAULT_DATA_DIR, machine=None):
     if machine.gpus > 1:
         lines.append(f"GPU interconnect: {machine.interconnect or 'unknown'} "
                      f"(`nvidia-smi topo -m`: NV# = NVLink; PIX, PHB, SYS = PCIe)")
-    lines.append(f"CPU: {machine.cpu_cores} core(s)")
+    lines.append(f"CPU: {machine.cpu_cores} core(s)" + (
+        ", convolutions through oneDNN (the training scripts train them in channels_last "
+        "there, its fastest layout)" if machine.onednn_cpu else ""))
 
     chosen = profile.get_profile(machine=machine, data_dir=data_dir)
     if chosen.ddp_device == "cuda":

@@ -44,6 +44,9 @@ class Machine:
     # ("cuda:0 Tesla V100-SXM2-16GB (sm_70)"), and the build's torch.cuda.get_arch_list()
     unserved_gpus: tuple = ()
     cuda_archs: tuple = ()
+    # The CPU's convolutions run through oneDNN (PyTorch's builds for x86-64): the training
+    # scripts then train convolutions in channels_last on the CPU (memory_format).
+    onednn_cpu: bool = False
 
     @property
     def ddp_nproc(self):
@@ -165,8 +168,28 @@ def detect():
         listed_gpus=listed, driver=driver, torch_cuda=torch.version.cuda,
         cpu_cores=cpu_cores(),
         interconnect=interconnect(gpu_topology()) if count > 1 else None,
-        unserved_gpus=not_served, cuda_archs=archs,
+        unserved_gpus=not_served, cuda_archs=archs, onednn_cpu=onednn_cpu(),
     )
+
+
+@functools.cache
+def onednn_cpu():
+    """True where this PyTorch runs the CPU's convolutions through oneDNN: its builds for
+    x86-64 (on Arm, oneDNN's convolutions depend on the build: not assumed)."""
+    return (torch.backends.mkldnn.is_available()
+            and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+def memory_format(device, channels_last=False, machine=None):
+    """The layout the training scripts put the model and the images in on ``device``:
+    channels_last where asked (``--channels-last``: the layout Tensor Cores' convolutions
+    read fastest) and on a CPU whose convolutions run through oneDNN, which reads it
+    fastest too (measured on 2 x86-64 cores, one thread, the course's CNN on digits: 1.2x
+    the samples per CPU-second of NCHW at batch 32, 1.7x at batch 512; BENCHMARKS.md);
+    else PyTorch's default, NCHW. ``machine``: this one's (``onednn_cpu()``) by default."""
+    onednn = machine.onednn_cpu if machine else onednn_cpu()
+    on_onednn_cpu = torch.device(device).type == "cpu" and onednn
+    return torch.channels_last if channels_last or on_onednn_cpu else torch.contiguous_format
 
 
 def _nvidia_smi(*args):

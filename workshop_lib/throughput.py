@@ -43,11 +43,12 @@ def measure(model_name, dataset_name, device, batches, lr=0.01, channels_last=Fa
     "step_ms": {batch: ms}, "out_of_memory_at": batch or None, ...}``."""
     device = hardware.pick_device(device)
     train_set, _, info = data.load(dataset_name)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
+    layout = hardware.memory_format(device, channels_last)  # as the training scripts' own
     torch.manual_seed(0)
     model = models.build(model_name, info).to(device, memory_format=layout)
     optimizer = optim.build("sgd", model.parameters(), lr, optim.MOMENTUM, optim.WEIGHT_DECAY)
-    return {"model": model_name, "dataset": dataset_name, "channels_last": channels_last,
+    return {"model": model_name, "dataset": dataset_name,
+            "channels_last": layout == torch.channels_last,
             **curve(model, optimizer, train_set, device, batches, layout, steps, rounds)}
 
 

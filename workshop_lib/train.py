@@ -38,13 +38,14 @@ def load_train_objs(args, device):
     train_set, val_set, info = data.load(args.dataset, args.data_dir, args.data_format)
     torch.manual_seed(args.seed)
     model = models.build(args.model, info, args.grad_checkpointing)
-    # channels_last: the layout Tensor Cores' convolutions read fastest (GPUs only).
-    model = model.to(device, memory_format=memory_format(args))
+    model = model.to(device, memory_format=memory_format(args, device))
     return train_set, val_set, info, model
 
 
-def memory_format(args):
-    return torch.channels_last if args.channels_last else torch.contiguous_format
+def memory_format(args, device):
+    """channels_last where asked (the layout Tensor Cores' convolutions read fastest), and on
+    a CPU that reads it fastest too (oneDNN's): hardware.memory_format."""
+    return hardware.memory_format(device, args.channels_last)
 
 
 def prepare_dataloaders(args, train_set, val_set, device):
@@ -54,9 +55,9 @@ def prepare_dataloaders(args, train_set, val_set, device):
     train_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     val_sampler = SequentialSampler(val_set)
     train_loader = data.TensorLoader(train_set, args.batch_size, train_sampler, device,
-                                     memory_format=memory_format(args))
+                                     memory_format=memory_format(args, device))
     val_loader = data.TensorLoader(val_set, data.VAL_BATCH_SIZE, val_sampler, device,
-                                   memory_format=memory_format(args))
+                                   memory_format=memory_format(args, device))
     return train_sampler, train_loader, val_loader
 
 
@@ -155,7 +156,8 @@ def fit(args, device):
               backend=None, world_size=world_size, batch_size=args.batch_size,
               global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch, lr=lr,
               warmup_steps=warmup_steps, accumulate=args.accumulate, amp=args.amp,
-              threads_per_process=threads, start_epoch=start_epoch)
+              threads_per_process=threads, start_epoch=start_epoch,
+              channels_last=memory_format(args, device) == torch.channels_last)
 
     start = time.perf_counter()
     stop = metrics.TargetAccuracy(args.target_accuracy, args.patience)
