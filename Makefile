@@ -80,7 +80,8 @@ html: setup
 
 # Two pytest processes (tests/conftest.py: a file's tests, or files sharing a fixture, in one):
 # while one waits on a hub, a timeout or a hang, the other computes. On 2 cores more would
-# only fight over them; TEST_PROCESSES=0 runs the suite in one process.
+# only fight over them (three measured: 2% faster, inside the spread of two runs,
+# BENCHMARKS.md); TEST_PROCESSES=0 runs the suite in one process.
 TEST_PROCESSES ?= 2
 test: setup
 	$(BIN)/ruff check workshop_lib tests assessment jupyter notebooks
