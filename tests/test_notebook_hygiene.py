@@ -75,3 +75,16 @@ def test_every_file_a_notebook_writes_beside_it_is_git_ignored():
                             cwd=REPO / "notebooks", capture_output=True, text=True)
     ignored = set(result.stdout.split())
     assert ignored == written, f"not ignored: {sorted(written - ignored)}"
+
+
+def test_each_execution_under_test_writes_beside_the_notebook_in_a_folder_of_its_own(tmp_path):
+    """Two executions of one notebook at once (the references' and the stubs', in two test
+    processes) never share the folder their scripts are written to, and neither is the
+    repository's notebooks/; notebook 06 finds the cluster files at ../deploy there."""
+    from conftest import notebook_workspace
+
+    first, second = (notebook_workspace(tmp_path / name) for name in ("02", "02-stubs"))
+    assert first != second and first.name == second.name == "notebooks"
+    for folder in (first, second):
+        assert folder.is_dir() and REPO not in folder.parents
+        assert (folder.parent / "deploy" / "train_ddp.sbatch").is_file()
