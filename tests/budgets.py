@@ -23,7 +23,9 @@ NOTEBOOK_BUDGET_S = {
     "00_welcome": (40, 40),
     "01_sgd_and_batch_size": (110, 50),
     "02_from_one_gpu_to_many": (160, 90),
-    "03_keeping_accuracy_at_scale": (200, 80),
+    # 03 with the square-root run on three seeds, NovoGrad and the challenge's answer on
+    # three seeds: 234-273 s in the fresh-clone runs of 2026-12-06.
+    "03_keeping_accuracy_at_scale": (300, 80),
     "04_when_things_go_wrong": (170, 140),  # 134 s, 103 s with the second hang
     "05_worked_example": (180, 120),
     "06_beyond_one_machine": (150, 80),
