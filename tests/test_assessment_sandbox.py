@@ -278,8 +278,17 @@ def test_a_job_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
     _, alice = make_course(tmp_path)
     mark = marks()
     (alice / SCRIPT).write_text(HANG.format(mark=mark))
-    run = grade(alice, load_checks(alice), DDP_CHECKS_TIME_LIMIT_S="20")
+    # A short limit (the job's start is a few seconds here), so the watch proves the job got
+    # as far as leaving its process behind before the limit: otherwise nothing was tested.
+    watch = CommandLineWatch([], f"sleep {mark}")
+    watch.start()
+    try:
+        run = grade(alice, load_checks(alice), DDP_CHECKS_TIME_LIMIT_S="8")
+    finally:
+        watch.done.set()
+        watch.join()
     assert run.timed_out
+    assert watch.saw_job, "the job never started its process: the limit stopped nothing"
     assert processes_with(mark) == []
 
 
