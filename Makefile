@@ -3,7 +3,7 @@
 #   make instructor JupyterLab on the whole repository, with nbgrader's formgrader
 #   make test       set up (first time only) and run the whole test suite
 #   make test-fast  the tests that start no processes (under a minute)
-#   make test-mid   test-fast, then the training parts' real runs and notebook 00 (~3 min)
+#   make test-mid   test-fast, then the training parts' real runs and notebook 00 (~2 min)
 #   make check-labs every exercise's check fails its stub and passes its solution
 #   make gpu-check  on a GPU workstation: GPU tests, every notebook on the GPUs, a report
 #                   (torch alone: PYTHONPATH=. python -m workshop_lib.gpu_check --smoke)
