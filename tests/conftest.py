@@ -132,9 +132,9 @@ def _rank_main(rank, fn, world_size, rendezvous, result_dir, args):
         dist.destroy_process_group()
 
 
-# The ranks of run_in_ranks start from a fork server, a process of this test process's
-# that imports these once and computes nothing: a spawned rank imported them itself, about
-# 2.6 CPU-s of its 4.6 (torch 1.6, and torch._dynamo 1.0, which DDP's constructor imports).
+# The ranks of run_in_ranks start from a fork server: one process per test process, which
+# imports these once and computes nothing. A spawned rank imported them itself, about 2.6
+# CPU-s of its 4.6 (torch 1.6, and torch._dynamo 1.0, which DDP's constructor imports).
 RANK_PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 mp.set_forkserver_preload(RANK_PRELOAD)
 

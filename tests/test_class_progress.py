@@ -318,7 +318,7 @@ sys.stdin.readline()
 
 def closed():
     # The server sends nothing unasked: a connection with something to read was closed.
-    # One wait for all of them (one each made the plain server's 100 open ones 10 s).
+    # One wait for all of them (a wait for each took 10 s on the plain server's 100).
     readable = select.select(connections, [], [], 0.05)[0]
     for connection in readable:
         connection.setblocking(False)
