@@ -24,7 +24,7 @@ NOTEBOOK_BUDGET_S = {
     "01_sgd_and_batch_size": (110, 50),
     "02_from_one_gpu_to_many": (160, 90),
     # 03 with the square-root run on three seeds, NovoGrad and the challenge's answer on
-    # three seeds: 234-273 s in the fresh-clone runs of 2026-12-06.
+    # three seeds: 232-273 s in the fresh-clone runs of 2026-12-06.
     "03_keeping_accuracy_at_scale": (300, 80),
     "04_when_things_go_wrong": (170, 140),  # 134 s, 103 s with the second hang
     "05_worked_example": (180, 120),
